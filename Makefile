@@ -1,0 +1,59 @@
+# Loom's entry points. `make demo` and `make test` each work on a fresh machine on their
+# own: they install missing Debian packages, configure, build and run.
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+JOBS ?= 2
+REF_VENV ?= $(HOME)/.cache/loom/ref-venv
+export OMP_WAIT_POLICY ?= PASSIVE
+
+.PHONY: all deps build build-asan demo test test-asan bench fixtures check-demo-checkpoint format clean
+
+all: build
+
+deps:
+	@bash scripts/install_deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release > /dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+build-asan: deps
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=ON > /dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target loom loom_unit_tests
+
+# Train a small GPT-2 from scratch on the wiki demo text (bytes as tokens) for a few
+# minutes on 2 cores, then sample from the checkpoint it wrote.
+demo: build
+	OMP_NUM_THREADS=2 $(BUILD)/loom train configs/demo-gpt2-wiki.json
+	OMP_NUM_THREADS=2 $(BUILD)/loom sample --model out/demo-gpt2-wiki/checkpoint-final \
+	  --prompt "The history of " --tokens 300 --temperature 0.8 --top-k 40
+
+# Every test (labels unit and golden), then the parser and memory tests again under
+# AddressSanitizer + UBSan.
+test: build build-asan
+	cd $(BUILD) && OMP_NUM_THREADS=2 ctest --output-on-failure --timeout 600
+	$(MAKE) --no-print-directory test-asan
+
+test-asan:
+	ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=1 $(ASAN_BUILD)/loom_unit_tests \
+	  --gtest_filter='Safetensors*:Config*:Schedule*:CliErrors*:Checkpoint*:KernelGrad*:ModuleGrad*'
+
+# Benchmark: one GPT-2 124M training step, ours vs PyTorch's, same machine and threads.
+bench: build
+	bash bench/run.sh $(BUILD) $(REF_VENV)
+
+# Regenerates tests/fixtures (needs torch + transformers; see scripts/make_fixtures.py).
+fixtures:
+	bash scripts/ref_venv.sh $(REF_VENV)
+	$(REF_VENV)/bin/python scripts/make_fixtures.py
+
+# Checks that the demo's checkpoint loads in transformers with the same logits.
+check-demo-checkpoint: build
+	bash scripts/ref_venv.sh $(REF_VENV)
+	$(REF_VENV)/bin/python scripts/check_hf_checkpoint.py out/demo-gpt2-wiki/checkpoint-final --loom $(BUILD)/loom
+
+format:
+	clang-format -i $$(git ls-files '*.cpp' '*.h')
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Loom builds against. Idempotent: does nothing when all
+# are present. Runs as root (CI and the dev machines) or through sudo.
+set -euo pipefail
+pkgs=(cmake g++ make pkg-config libopenblas-openmp-dev nlohmann-json3-dev libgtest-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+echo "install_deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
