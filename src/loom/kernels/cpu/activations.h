@@ -1,0 +1,13 @@
+// Pointwise activations. GELU uses the tanh approximation (GPT-2's "gelu_new").
+//   gelu_forward : y[n] = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+//   gelu_backward: dx[n] += dy[n] * gelu'(x[n])
+#pragma once
+
+#include <cstdint>
+
+namespace loom::kernels {
+
+void gelu_forward(float* y, const float* x, int64_t n);
+void gelu_backward(float* dx, const float* x, const float* dy, int64_t n);
+
+}  // namespace loom::kernels

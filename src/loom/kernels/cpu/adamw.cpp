@@ -1,0 +1,28 @@
+#include "loom/kernels/cpu/adamw.h"
+
+#include <cmath>
+
+#include "loom/util/profile.h"
+
+namespace loom::kernels {
+
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWHyper& h) {
+  prof::ScopedPhase ph(prof::Phase::Optimizer);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(h.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(h.step));
+  const float step_size = static_cast<float>(h.lr / bc1);
+  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  const float decay = 1.0f - h.lr * h.weight_decay;
+  const float b1 = h.beta1, b2 = h.beta2, eps = h.eps, gs = h.grad_scale;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] * gs;
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;
+    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+  }
+}
+
+}  // namespace loom::kernels

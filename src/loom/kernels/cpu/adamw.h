@@ -1,0 +1,21 @@
+// Fused AdamW update over a flat range (decoupled weight decay, as torch.optim.AdamW):
+//   g = grad_scale * g   (the clipping coefficient, fused here to save a pass over g)
+//   p -= lr * wd * p
+//   m = b1 m + (1 - b1) g ;  v = b2 v + (1 - b2) g^2
+//   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// t is the 1-based step count. One pass over p, g, m, v: the optimizer is memory-bound.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::kernels {
+
+struct AdamWHyper {
+  float lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // 1-based
+  float grad_scale = 1.0f;
+};
+
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWHyper& h);
+
+}  // namespace loom::kernels

@@ -1,0 +1,99 @@
+#include "loom/kernels/cpu/attention.h"
+
+#include <cmath>
+#include <vector>
+
+#include "loom/kernels/cpu/vec_math.h"
+#include "loom/util/profile.h"
+
+namespace loom::kernels {
+
+void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
+                       const AttnDims& d) {
+  prof::ScopedPhase ph(prof::Phase::Attention);
+  const int64_t T = d.T, HD = d.HD, C = d.NH * d.HD, group = d.NH / d.NKV;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < d.B; ++b) {
+    for (int64_t h = 0; h < d.NH; ++h) {
+      const int64_t g = h / group;
+      float* a_bh = att + (b * d.NH + h) * T * T;
+      for (int64_t t = 0; t < T; ++t) {
+        const float* qt = q + (b * T + t) * d.q_stride + h * HD;
+        float* a = a_bh + t * T;
+        float mx = -INFINITY;
+        for (int64_t s = 0; s <= t; ++s) {
+          const float* ks = k + (b * T + s) * d.kv_stride + g * HD;
+          float dot = 0.0f;
+          for (int64_t i = 0; i < HD; ++i) dot += qt[i] * ks[i];
+          a[s] = dot * scale;
+          mx = std::max(mx, a[s]);
+        }
+        float sum = 0.0f;
+        for (int64_t s = 0; s <= t; ++s) {
+          a[s] = vexp(a[s] - mx);
+          sum += a[s];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t s = 0; s <= t; ++s) a[s] *= inv;
+        for (int64_t s = t + 1; s < T; ++s) a[s] = 0.0f;
+        float* o = out + (b * T + t) * C + h * HD;
+        for (int64_t i = 0; i < HD; ++i) o[i] = 0.0f;
+        for (int64_t s = 0; s <= t; ++s) {
+          const float* vs = v + (b * T + s) * d.kv_stride + g * HD;
+          const float w = a[s];
+          for (int64_t i = 0; i < HD; ++i) o[i] += w * vs[i];
+        }
+      }
+    }
+  }
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        const float* k, const float* v, const float* att, const AttnDims& d) {
+  prof::ScopedPhase ph(prof::Phase::Attention);
+  const int64_t T = d.T, HD = d.HD, C = d.NH * d.HD, group = d.NH / d.NKV;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  // Parallel over (batch, kv head): the query heads of one group all write the same dk/dv
+  // rows, so they run in one thread.
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < d.B; ++b) {
+    for (int64_t g = 0; g < d.NKV; ++g) {
+      std::vector<float> dpre(T);
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const float* a_bh = att + (b * d.NH + h) * T * T;
+        for (int64_t t = 0; t < T; ++t) {
+          const float* a = a_bh + t * T;
+          const float* dot_ = dout + (b * T + t) * C + h * HD;
+          // datt[s] = dout_t . v_s ; dv_s += a[s] * dout_t
+          float dsum = 0.0f;
+          for (int64_t s = 0; s <= t; ++s) {
+            const float* vs = v + (b * T + s) * d.kv_stride + g * HD;
+            float* dvs = dv + (b * T + s) * d.kv_stride + g * HD;
+            float dd = 0.0f;
+            for (int64_t i = 0; i < HD; ++i) {
+              dd += dot_[i] * vs[i];
+              dvs[i] += a[s] * dot_[i];
+            }
+            dpre[s] = dd;
+            dsum += a[s] * dd;
+          }
+          // softmax backward, then through the scaled dot product
+          const float* qt = q + (b * T + t) * d.q_stride + h * HD;
+          float* dqt = dq + (b * T + t) * d.q_stride + h * HD;
+          for (int64_t s = 0; s <= t; ++s) {
+            const float gs = a[s] * (dpre[s] - dsum) * scale;
+            const float* ks = k + (b * T + s) * d.kv_stride + g * HD;
+            float* dks = dk + (b * T + s) * d.kv_stride + g * HD;
+            for (int64_t i = 0; i < HD; ++i) {
+              dqt[i] += gs * ks[i];
+              dks[i] += gs * qt[i];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace loom::kernels

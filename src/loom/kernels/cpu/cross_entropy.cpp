@@ -1,0 +1,73 @@
+#include "loom/kernels/cpu/cross_entropy.h"
+
+#include <cmath>
+#include <string>
+
+#include "loom/kernels/cpu/vec_math.h"
+#include "loom/util/error.h"
+#include "loom/util/profile.h"
+
+namespace loom::kernels {
+
+namespace {
+// log-sum-exp of a row (max-shifted). The sum vectorises, so its float accumulation
+// order is split into lanes; with V = 50k terms in (0, 1] the error stays ~1e-6 relative.
+inline float row_logsumexp(const float* x, int64_t V) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, x[i]);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < V; ++i) sum += vexp(x[i] - mx);
+  return mx + std::log(sum);
+}
+
+inline void check_target(int32_t t, int64_t V, int64_t n) {
+  if (t != kIgnoreIndex && (t < 0 || t >= V))
+    throw Error("target " + std::to_string(t) + " at position " + std::to_string(n) +
+                " is outside the vocabulary of " + std::to_string(V));
+}
+}  // namespace
+
+int64_t count_targets(const int32_t* targets, int64_t N) {
+  int64_t c = 0;
+  for (int64_t n = 0; n < N; ++n) c += targets[n] != kIgnoreIndex;
+  return c;
+}
+
+double cross_entropy_loss(const float* logits, const int32_t* targets, int64_t N, int64_t V) {
+  prof::ScopedPhase ph(prof::Phase::Loss);
+  for (int64_t n = 0; n < N; ++n) check_target(targets[n], V, n);
+  double total = 0.0;
+#pragma omp parallel for reduction(+ : total) schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    if (targets[n] == kIgnoreIndex) continue;
+    const float* x = logits + n * V;
+    total += row_logsumexp(x, V) - x[targets[n]];
+  }
+  return total;
+}
+
+double cross_entropy_backward(float* logits, const int32_t* targets, int64_t N, int64_t V,
+                              float grad_scale) {
+  prof::ScopedPhase ph(prof::Phase::Loss);
+  for (int64_t n = 0; n < N; ++n) check_target(targets[n], V, n);
+  double total = 0.0;
+#pragma omp parallel for reduction(+ : total) schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    float* x = logits + n * V;
+    const int32_t t = targets[n];
+    if (t == kIgnoreIndex) {
+      for (int64_t i = 0; i < V; ++i) x[i] = 0.0f;
+      continue;
+    }
+    const float lse = row_logsumexp(x, V);
+    total += lse - x[t];
+#pragma omp simd
+    for (int64_t i = 0; i < V; ++i) x[i] = vexp(x[i] - lse) * grad_scale;
+    x[t] -= grad_scale;
+  }
+  return total;
+}
+
+}  // namespace loom::kernels
