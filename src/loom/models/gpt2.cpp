@@ -1,0 +1,198 @@
+#include "loom/models/gpt2.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "loom/kernels/cpu/cross_entropy.h"
+#include "loom/kernels/cpu/elementwise.h"
+#include "loom/kernels/cpu/matmul.h"
+#include "loom/util/error.h"
+
+namespace loom::models {
+
+namespace {
+
+int64_t get_int(const nlohmann::json& j, const char* key, int64_t dflt, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  if (!j[key].is_number_integer() || j[key].get<int64_t>() < 0)
+    throw Error(where + ": key '" + key + "' must be a non-negative integer");
+  return j[key].get<int64_t>();
+}
+
+double get_num(const nlohmann::json& j, const char* key, double dflt, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  if (!j[key].is_number()) throw Error(where + ": key '" + key + "' must be a number");
+  return j[key].get<double>();
+}
+
+}  // namespace
+
+GPT2Config GPT2Config::from_hf(const nlohmann::json& j, const std::string& where) {
+  LOOM_CHECK(j.is_object(), where + ": config must be a JSON object");
+  GPT2Config c;
+  c.vocab_size = get_int(j, "vocab_size", c.vocab_size, where);
+  c.n_positions = get_int(j, "n_positions", c.n_positions, where);
+  c.n_embd = get_int(j, "n_embd", c.n_embd, where);
+  c.n_layer = get_int(j, "n_layer", c.n_layer, where);
+  c.n_head = get_int(j, "n_head", c.n_head, where);
+  c.n_inner = get_int(j, "n_inner", 0, where);
+  c.layer_norm_epsilon = static_cast<float>(get_num(j, "layer_norm_epsilon", 1e-5, where));
+  c.initializer_range = static_cast<float>(get_num(j, "initializer_range", 0.02, where));
+  for (const char* k : {"vocab_size", "n_positions", "n_embd", "n_layer", "n_head"})
+    LOOM_CHECK(get_int(j, k, 1, where) > 0, where + ": key '" + k + "' must be positive");
+  LOOM_CHECK(c.n_embd % c.n_head == 0, where + ": n_embd " + std::to_string(c.n_embd) +
+                                           " is not divisible by n_head " +
+                                           std::to_string(c.n_head));
+  std::string act = j.value("activation_function", std::string("gelu_new"));
+  LOOM_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh",
+             where + ": activation_function '" + act +
+                 "' is not supported (GPT-2 uses gelu_new, the tanh approximation)");
+  LOOM_CHECK(j.value("tie_word_embeddings", true),
+             where + ": tie_word_embeddings=false is not supported for GPT-2");
+  LOOM_CHECK(j.value("scale_attn_weights", true) &&
+                 !j.value("scale_attn_by_inverse_layer_idx", false) &&
+                 !j.value("reorder_and_upcast_attn", false),
+             where + ": only standard GPT-2 attention scaling (1/sqrt(head_dim)) is supported");
+  for (const char* k : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) {
+    if (get_num(j, k, 0.0, where) > 0.0) {
+      std::fprintf(stderr, "note: %s: %s > 0 is ignored (loom trains GPT-2 without dropout)\n",
+                   where.c_str(), k);
+      break;
+    }
+  }
+  return c;
+}
+
+nlohmann::json GPT2Config::to_hf() const {
+  nlohmann::json j;
+  j["architectures"] = {"GPT2LMHeadModel"};
+  j["model_type"] = "gpt2";
+  j["vocab_size"] = vocab_size;
+  j["n_positions"] = n_positions;
+  j["n_ctx"] = n_positions;
+  j["n_embd"] = n_embd;
+  j["n_layer"] = n_layer;
+  j["n_head"] = n_head;
+  j["n_inner"] = n_inner > 0 ? nlohmann::json(n_inner) : nlohmann::json(nullptr);
+  j["activation_function"] = "gelu_new";
+  j["layer_norm_epsilon"] = layer_norm_epsilon;
+  j["initializer_range"] = initializer_range;
+  j["resid_pdrop"] = 0.0;
+  j["embd_pdrop"] = 0.0;
+  j["attn_pdrop"] = 0.0;
+  j["tie_word_embeddings"] = true;
+  // GPT-2's <|endoftext|> is 50256; a smaller vocabulary (e.g. bytes) has no such token.
+  const auto eot = vocab_size > 50256 ? nlohmann::json(50256) : nlohmann::json(nullptr);
+  j["bos_token_id"] = eot;
+  j["eos_token_id"] = eot;
+  j["torch_dtype"] = "float32";
+  return j;
+}
+
+GPT2Block::GPT2Block(nn::ParamStore& ps, const std::string& name, const GPT2Config& c)
+    : ln_1_(ps, name + ".ln_1", c.n_embd, c.layer_norm_epsilon),
+      ln_2_(ps, name + ".ln_2", c.n_embd, c.layer_norm_epsilon),
+      // GPT-2 scales the init of residual output projections by 1/sqrt(2 * n_layer).
+      attn_(ps, name + ".attn", c.n_embd, c.n_head, c.initializer_range,
+            c.initializer_range / std::sqrt(2.0f * c.n_layer)),
+      mlp_(ps, name + ".mlp", c.n_embd, c.hidden(), c.initializer_range,
+           c.initializer_range / std::sqrt(2.0f * c.n_layer)) {}
+
+const Tensor& GPT2Block::forward(const Tensor& x) {
+  nn::ensure(r1_, x.shape());
+  nn::ensure(out_, x.shape());
+  const Tensor& a = attn_.forward(ln_1_.forward(x));
+  kernels::add(r1_.f32(), x.f32(), a.f32(), x.numel());
+  const Tensor& m = mlp_.forward(ln_2_.forward(r1_));
+  kernels::add(out_.f32(), r1_.f32(), m.f32(), x.numel());
+  return out_;
+}
+
+void GPT2Block::backward(const Tensor& dout, const Tensor& dx, nn::Scratch& scratch) {
+  // out = r1 + mlp(ln_2(r1)); r1 = x + attn(ln_1(x))
+  Tensor dr1 = scratch.zeros("block.dr1", dout.shape());
+  dr1.copy_from(dout);
+  Tensor dh = scratch.zeros("block.dh", dout.shape());
+  mlp_.backward(dout, dh, scratch);
+  ln_2_.backward(dh, dr1);
+  dh = scratch.zeros("block.dh", dout.shape());
+  attn_.backward(dr1, dh, scratch);
+  ln_1_.backward(dh, dx);
+  kernels::add_inplace(dx.f32(), dr1.f32(), dx.numel());
+}
+
+GPT2::GPT2(const GPT2Config& c)
+    : cfg_(c),
+      wte_(ps_, "transformer.wte", c.vocab_size, c.n_embd, c.initializer_range),
+      wpe_(ps_, "transformer.wpe", c.n_positions, c.n_embd, c.initializer_range) {
+  for (int64_t l = 0; l < c.n_layer; ++l)
+    blocks_.push_back(std::make_unique<GPT2Block>(ps_, "transformer.h." + std::to_string(l), c));
+  ln_f_ = std::make_unique<nn::LayerNorm>(ps_, "transformer.ln_f", c.n_embd, c.layer_norm_epsilon);
+  ps_.materialize();
+}
+
+bool GPT2::hf_transposed(const nn::Parameter& p) const {
+  // transformers' GPT-2 uses Conv1D ([in, out]) for c_attn, c_proj and c_fc weights.
+  const std::string& n = p.name;
+  return n.ends_with("c_attn.weight") || n.ends_with("c_proj.weight") || n.ends_with("c_fc.weight");
+}
+
+bool GPT2::hf_ignorable(const std::string& name) const {
+  // The tied head, and the causal-mask buffers older checkpoints carry.
+  return name == "lm_head.weight" || name.ends_with(".attn.bias") ||
+         name.ends_with(".attn.masked_bias");
+}
+
+const Tensor& GPT2::forward(const Tensor& ids) {
+  LOOM_CHECK(ids.ndim() == 2, "GPT2::forward: ids must be [B, T], got " + shape_str(ids.shape()));
+  const int64_t B = ids.dim(0), T = ids.dim(1), C = cfg_.n_embd;
+  LOOM_CHECK(T <= cfg_.n_positions, "sequence length " + std::to_string(T) +
+                                        " exceeds the model's n_positions " +
+                                        std::to_string(cfg_.n_positions));
+  ids_ = ids;
+  if (!pos_.defined() || pos_.shape() != ids.shape()) {
+    pos_ = Tensor::zeros({B, T}, DType::I32);
+    for (int64_t i = 0; i < B * T; ++i) pos_.i32()[i] = static_cast<int32_t>(i % T);
+  }
+  nn::ensure(x0_, {B, T, C});
+  wte_.forward(ids.i32(), B * T, x0_, /*accumulate=*/false);
+  wpe_.forward(pos_.i32(), B * T, x0_, /*accumulate=*/true);
+  const Tensor* x = &x0_;
+  for (auto& blk : blocks_) x = &blk->forward(*x);
+  const Tensor& h = ln_f_->forward(*x);
+  nn::ensure(logits_, {B, T, cfg_.vocab_size});
+  kernels::matmul_forward(logits_.f32(), h.f32(), wte_.weight()->value.f32(), nullptr, B * T, C,
+                          cfg_.vocab_size);
+  return logits_;
+}
+
+double GPT2::backward(const Tensor& targets, float grad_scale) {
+  LOOM_CHECK(ids_.defined(), "GPT2::backward called before forward");
+  const int64_t B = ids_.dim(0), T = ids_.dim(1), C = cfg_.n_embd, V = cfg_.vocab_size;
+  LOOM_CHECK(targets.shape() == ids_.shape(), "targets " + shape_str(targets.shape()) +
+                                                  " do not match ids " + shape_str(ids_.shape()));
+  const double loss_sum =
+      kernels::cross_entropy_backward(logits_.f32(), targets.i32(), B * T, V, grad_scale);
+  // LM head, tied to wte: logits [B*T, V] = h [B*T, C] @ wte[V, C]^T
+  nn::Parameter* wte = wte_.weight();
+  Tensor dh = scratch_.zeros("gpt2.dh", {B, T, C});
+  kernels::matmul_backward(dh.f32(), wte->trainable ? wte->grad.f32() : nullptr, nullptr,
+                           logits_.f32(), ln_f_->output().f32(), wte->value.f32(), B * T, C, V);
+  // Residual-stream gradients alternate between two buffers as we walk the blocks back.
+  const char* slots[2] = {"gpt2.dres0", "gpt2.dres1"};
+  int cur = 0;
+  Tensor dx = scratch_.zeros(slots[cur], {B, T, C});
+  ln_f_->backward(dh, dx);
+  for (size_t l = blocks_.size(); l-- > 0;) {
+    Tensor dprev = scratch_.zeros(slots[cur ^ 1], {B, T, C});
+    blocks_[l]->backward(dx, dprev, scratch_);
+    dx = dprev;
+    cur ^= 1;
+  }
+  wpe_.backward(pos_.i32(), B * T, dx);
+  wte_.backward(ids_.i32(), B * T, dx);
+  return loss_sum;
+}
+
+}  // namespace loom::models

@@ -1,0 +1,73 @@
+// GPT-2: learned token + position embeddings, pre-LN blocks (LN -> attention -> residual,
+// LN -> GELU MLP -> residual), final LN, LM head tied to the token embedding.
+// Parameter names follow transformers' GPT2LMHeadModel ("transformer.h.0.attn.c_attn.weight").
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "loom/models/causal_lm.h"
+#include "loom/nn/attention.h"
+#include "loom/nn/buffers.h"
+#include "loom/nn/embedding.h"
+#include "loom/nn/layernorm.h"
+#include "loom/nn/mlp.h"
+
+namespace loom::models {
+
+struct GPT2Config {
+  int64_t vocab_size = 50257;
+  int64_t n_positions = 1024;
+  int64_t n_embd = 768;
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_inner = 0;  // 0: 4 * n_embd
+  float layer_norm_epsilon = 1e-5f;
+  float initializer_range = 0.02f;
+
+  // From a Hugging Face config.json object; `where` names the file in errors.
+  static GPT2Config from_hf(const nlohmann::json& j, const std::string& where);
+  nlohmann::json to_hf() const;
+  int64_t hidden() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
+};
+
+class GPT2Block {
+ public:
+  GPT2Block(nn::ParamStore& ps, const std::string& name, const GPT2Config& c);
+  const Tensor& forward(const Tensor& x);  // x [B, T, C] -> [B, T, C]
+  void backward(const Tensor& dout, const Tensor& dx, nn::Scratch& scratch);
+
+ private:
+  nn::LayerNorm ln_1_, ln_2_;
+  nn::FusedQKVAttention attn_;
+  nn::GeluMLP mlp_;
+  Tensor r1_, out_;  // residual after attention, block output
+};
+
+class GPT2 : public CausalLM {
+ public:
+  explicit GPT2(const GPT2Config& c);
+  nn::ParamStore& params() override { return ps_; }
+  const Tensor& forward(const Tensor& ids) override;
+  double backward(const Tensor& targets, float grad_scale) override;
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
+  int64_t max_positions() const override { return cfg_.n_positions; }
+  std::string arch() const override { return "gpt2"; }
+  nlohmann::json hf_config() const override { return cfg_.to_hf(); }
+  bool hf_transposed(const nn::Parameter& p) const override;
+  bool hf_ignorable(const std::string& name) const override;
+  const GPT2Config& config() const { return cfg_; }
+
+ private:
+  GPT2Config cfg_;
+  nn::ParamStore ps_;
+  nn::Embedding wte_, wpe_;
+  std::vector<std::unique_ptr<GPT2Block>> blocks_;
+  std::unique_ptr<nn::LayerNorm> ln_f_;  // built after the blocks: HF parameter order
+  nn::Scratch scratch_;
+  Tensor ids_, pos_, x0_, logits_;  // saved by forward
+};
+
+}  // namespace loom::models

@@ -1,0 +1,18 @@
+#include "loom/models/registry.h"
+
+#include "loom/models/gpt2.h"
+#include "loom/util/error.h"
+
+namespace loom::models {
+
+std::unique_ptr<CausalLM> make_model(const nlohmann::json& j, const std::string& where) {
+  LOOM_CHECK(j.is_object(), where + ": model config must be a JSON object");
+  std::string type = j.value("model_type", std::string());
+  if (type.empty() && j.contains("architectures") && j["architectures"].is_array() &&
+      !j["architectures"].empty() && j["architectures"][0] == "GPT2LMHeadModel")
+    type = "gpt2";
+  if (type == "gpt2") return std::make_unique<GPT2>(GPT2Config::from_hf(j, where));
+  throw Error(where + ": model_type '" + type + "' is not supported (supported: gpt2)");
+}
+
+}  // namespace loom::models

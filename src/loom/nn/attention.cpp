@@ -1,0 +1,42 @@
+#include "loom/nn/attention.h"
+
+#include "loom/kernels/cpu/attention.h"
+#include "loom/util/error.h"
+
+namespace loom::nn {
+
+FusedQKVAttention::FusedQKVAttention(ParamStore& ps, const std::string& name, int64_t C,
+                                     int64_t n_head, float init_std, float proj_init_std)
+    : c_attn_(ps, name + ".c_attn", C, 3 * C, true, init_std),
+      c_proj_(ps, name + ".c_proj", C, C, true, proj_init_std),
+      C_(C),
+      NH_(n_head) {
+  LOOM_CHECK(C % n_head == 0, name + ": n_embd " + std::to_string(C) +
+                                  " is not divisible by n_head " + std::to_string(n_head));
+}
+
+const Tensor& FusedQKVAttention::forward(const Tensor& x) {
+  const int64_t B = x.dim(0), T = x.dim(1);
+  const Tensor& qkv = c_attn_.forward(x);  // [B, T, 3C]
+  ensure(att_, {B, NH_, T, T});
+  ensure(ctx_, {B, T, C_});
+  const float* q = qkv.f32();
+  kernels::AttnDims d{B, T, NH_, NH_, C_ / NH_, 3 * C_, 3 * C_};
+  kernels::attention_forward(ctx_.f32(), att_.f32(), q, q + C_, q + 2 * C_, d);
+  return c_proj_.forward(ctx_);
+}
+
+void FusedQKVAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch) {
+  const int64_t B = ctx_.dim(0), T = ctx_.dim(1);
+  Tensor dctx = scratch.zeros("attn.dctx", {B, T, C_});
+  c_proj_.backward(dy, dctx);
+  Tensor dqkv = scratch.zeros("attn.dqkv", {B, T, 3 * C_});
+  const float* q = c_attn_.output().f32();  // qkv saved by forward
+  float* dq = dqkv.f32();
+  kernels::AttnDims d{B, T, NH_, NH_, C_ / NH_, 3 * C_, 3 * C_};
+  kernels::attention_backward(dq, dq + C_, dq + 2 * C_, dctx.f32(), q, q + C_, q + 2 * C_,
+                              att_.f32(), d);
+  c_attn_.backward(dqkv, dx);
+}
+
+}  // namespace loom::nn

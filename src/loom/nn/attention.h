@@ -1,0 +1,27 @@
+// GPT-2 causal self-attention: one fused projection to q,k,v (c_attn [3C, C]), causal
+// softmax attention over NH heads, output projection (c_proj [C, C]).
+//   forward : x [B, T, C] -> y [B, T, C]   (saves qkv [B,T,3C], att [B,NH,T,T], ctx [B,T,C])
+//   backward: dy -> dx += ...              (scratch: dctx [B,T,C], dqkv [B,T,3C])
+#pragma once
+
+#include <string>
+
+#include "loom/nn/buffers.h"
+#include "loom/nn/linear.h"
+
+namespace loom::nn {
+
+class FusedQKVAttention {
+ public:
+  FusedQKVAttention(ParamStore& ps, const std::string& name, int64_t C, int64_t n_head,
+                    float init_std, float proj_init_std);
+  const Tensor& forward(const Tensor& x);
+  void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
+
+ private:
+  Linear c_attn_, c_proj_;
+  int64_t C_, NH_;
+  Tensor att_, ctx_;
+};
+
+}  // namespace loom::nn

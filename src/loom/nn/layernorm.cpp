@@ -1,0 +1,34 @@
+#include "loom/nn/layernorm.h"
+
+#include "loom/kernels/cpu/layernorm.h"
+#include "loom/nn/buffers.h"
+#include "loom/util/error.h"
+
+namespace loom::nn {
+
+LayerNorm::LayerNorm(ParamStore& ps, const std::string& name, int64_t C, float eps)
+    : C_(C), eps_(eps) {
+  w_ = ps.add(name + ".weight", {C}, ParamKind::Norm, 0.0f, 1.0f);
+  b_ = ps.add(name + ".bias", {C}, ParamKind::Norm, 0.0f, 0.0f);
+}
+
+const Tensor& LayerNorm::forward(const Tensor& x) {
+  LOOM_CHECK(x.dim(-1) == C_, w_->name + ": input " + shape_str(x.shape()));
+  const int64_t N = x.numel() / C_;
+  ensure(y_, x.shape());
+  ensure(mean_, {N});
+  ensure(rstd_, {N});
+  x_ = x;
+  kernels::layernorm_forward(y_.f32(), mean_.f32(), rstd_.f32(), x.f32(), w_->value.f32(),
+                             b_->value.f32(), N, C_, eps_);
+  return y_;
+}
+
+void LayerNorm::backward(const Tensor& dy, const Tensor& dx) {
+  const int64_t N = x_.numel() / C_;
+  kernels::layernorm_backward(dx.f32(), w_->trainable ? w_->grad.f32() : nullptr,
+                              b_->trainable ? b_->grad.f32() : nullptr, dy.f32(), x_.f32(),
+                              w_->value.f32(), mean_.f32(), rstd_.f32(), N, C_);
+}
+
+}  // namespace loom::nn

@@ -1,0 +1,26 @@
+// LayerNorm over the last dimension with affine weight and bias.
+//   forward : x [..., C] -> y [..., C]   (saves x, mean, rstd)
+//   backward: dy -> dx += ...
+#pragma once
+
+#include <string>
+
+#include "loom/nn/parameter.h"
+
+namespace loom::nn {
+
+class LayerNorm {
+ public:
+  LayerNorm(ParamStore& ps, const std::string& name, int64_t C, float eps);
+  const Tensor& forward(const Tensor& x);
+  void backward(const Tensor& dy, const Tensor& dx);
+  const Tensor& output() const { return y_; }
+
+ private:
+  Parameter *w_, *b_;
+  int64_t C_;
+  float eps_;
+  Tensor x_, y_, mean_, rstd_;
+};
+
+}  // namespace loom::nn

@@ -1,0 +1,25 @@
+// GPT-2 MLP: c_fc [4C, C] -> GELU(tanh) -> c_proj [C, 4C].
+//   forward : x [B, T, C] -> y [B, T, C]  (saves pre-activation h [B,T,4C] and GELU(h))
+//   backward: dy -> dx += ...             (scratch: dg, dh [B,T,4C])
+#pragma once
+
+#include <string>
+
+#include "loom/nn/buffers.h"
+#include "loom/nn/linear.h"
+
+namespace loom::nn {
+
+class GeluMLP {
+ public:
+  GeluMLP(ParamStore& ps, const std::string& name, int64_t C, int64_t hidden, float init_std,
+          float proj_init_std);
+  const Tensor& forward(const Tensor& x);
+  void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
+
+ private:
+  Linear c_fc_, c_proj_;
+  Tensor g_;  // GELU(h)
+};
+
+}  // namespace loom::nn
