@@ -1,0 +1,65 @@
+// Datasets yield fixed-length training samples: ids [T] and aligned targets [T]
+// (targets[t] is the label for position t; -100 = no loss). A dataset is indexable so
+// that the sampler, not the dataset, decides which rank sees which sample.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace loom::data {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;  // number of samples in one epoch
+  virtual int64_t seq_len() const = 0;
+  virtual void get(int64_t index, int32_t* ids, int32_t* targets) const = 0;
+};
+
+// Plain text with one token per byte (vocab 256): the file is cut into consecutive
+// windows of seq_len + 1 bytes, overlapping by one so every byte is a target once.
+class ByteTextDataset : public Dataset {
+ public:
+  ByteTextDataset(const std::filesystem::path& path, int64_t seq_len);
+  int64_t size() const override { return n_windows_; }
+  int64_t seq_len() const override { return T_; }
+  void get(int64_t index, int32_t* ids, int32_t* targets) const override;
+  int64_t num_bytes() const { return static_cast<int64_t>(bytes_.size()); }
+
+ private:
+  std::vector<uint8_t> bytes_;
+  int64_t T_, n_windows_;
+};
+
+// Samples given in memory: ids and targets [N, T] (tests, fixtures, small jobs).
+class TensorDataset : public Dataset {
+ public:
+  TensorDataset(std::vector<int32_t> ids, std::vector<int32_t> targets, int64_t seq_len);
+  int64_t size() const override { return static_cast<int64_t>(ids_.size()) / T_; }
+  int64_t seq_len() const override { return T_; }
+  void get(int64_t index, int32_t* ids, int32_t* targets) const override;
+
+ private:
+  std::vector<int32_t> ids_, targets_;
+  int64_t T_;
+};
+
+// Uniformly random tokens in [0, vocab), keyed by (seed, sample, position): for
+// benchmarks and tests that need a dataset of a given shape and no file.
+class RandomTokenDataset : public Dataset {
+ public:
+  RandomTokenDataset(int64_t vocab, int64_t seq_len, int64_t n_samples, uint64_t seed)
+      : V_(vocab), T_(seq_len), n_(n_samples), seed_(seed) {}
+  int64_t size() const override { return n_; }
+  int64_t seq_len() const override { return T_; }
+  void get(int64_t index, int32_t* ids, int32_t* targets) const override;
+
+ private:
+  int64_t V_, T_, n_;
+  uint64_t seed_;
+};
+
+}  // namespace loom::data

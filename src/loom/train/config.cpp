@@ -1,0 +1,232 @@
+#include "loom/train/config.h"
+
+#include <set>
+
+#include "loom/io/hf_checkpoint.h"
+#include "loom/util/error.h"
+
+namespace loom::train {
+
+using nlohmann::json;
+
+namespace {
+
+struct Reader {
+  const std::string& where;
+  std::string prefix;  // "data." for nested keys
+
+  std::string key(const std::string& k) const {
+    return where + ": config key '" + prefix + k + "'";
+  }
+
+  void only(const json& obj, const std::set<std::string>& allowed) const {
+    LOOM_CHECK(obj.is_object(),
+               where + ": config " +
+                   (prefix.empty() ? "" : "key '" + prefix.substr(0, prefix.size() - 1) + "' ") +
+                   "must be a JSON object");
+    for (auto& [k, v] : obj.items()) {
+      if (!allowed.count(k)) {
+        std::string known;
+        for (auto& a : allowed) known += (known.empty() ? "" : ", ") + a;
+        throw Error(where + ": unknown config key '" + prefix + k + "' (known here: " + known +
+                    ")");
+      }
+    }
+  }
+  int64_t integer(const json& o, const std::string& k, int64_t dflt, int64_t min = 0) const {
+    if (!o.contains(k)) return dflt;
+    LOOM_CHECK(o[k].is_number_integer(), key(k) + " must be an integer");
+    int64_t v = o[k].get<int64_t>();
+    LOOM_CHECK(v >= min, key(k) + " must be >= " + std::to_string(min));
+    return v;
+  }
+  double number(const json& o, const std::string& k, double dflt) const {
+    if (!o.contains(k)) return dflt;
+    LOOM_CHECK(o[k].is_number(), key(k) + " must be a number");
+    return o[k].get<double>();
+  }
+  std::string string(const json& o, const std::string& k, const std::string& dflt) const {
+    if (!o.contains(k)) return dflt;
+    LOOM_CHECK(o[k].is_string(), key(k) + " must be a string");
+    return o[k].get<std::string>();
+  }
+  bool boolean(const json& o, const std::string& k, bool dflt) const {
+    if (!o.contains(k)) return dflt;
+    LOOM_CHECK(o[k].is_boolean(), key(k) + " must be true or false");
+    return o[k].get<bool>();
+  }
+};
+
+}  // namespace
+
+void apply_override(json& j, const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  LOOM_CHECK(eq != std::string::npos && eq > 0,
+             "--set '" + assignment + "': expected key.path=value");
+  const std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  json value;
+  try {
+    value = json::parse(text);
+  } catch (const json::parse_error&) {
+    value = text;
+  }
+  json* node = &j;
+  size_t start = 0;
+  while (true) {
+    size_t dot = path.find('.', start);
+    std::string part =
+        path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    LOOM_CHECK(!part.empty(), "--set '" + assignment + "': empty key in path");
+    if (!node->is_object()) *node = json::object();
+    node = &(*node)[part];
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  *node = value;
+}
+
+TrainConfig parse_config(const json& j, const std::string& where, int64_t world) {
+  Reader r{where, ""};
+  r.only(j, {"model", "data", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+             "train_batch_size", "train_steps", "seed", "output_dir", "optimizer", "scheduler",
+             "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "no_decay",
+             "zero_optimization", "fp16", "bf16"});
+  TrainConfig c;
+  c.raw = j;
+  LOOM_CHECK(j.contains("model"), where + ": config key 'model' is required");
+  c.model = j["model"];
+  LOOM_CHECK(c.model.is_string() || c.model.is_object(),
+             where + ": config key 'model' must be a path or an object");
+
+  LOOM_CHECK(j.contains("data"), where + ": config key 'data' is required");
+  Reader rd{where, "data."};
+  rd.only(j["data"], {"path", "format", "seq_len", "tokenizer", "shuffle"});
+  c.data.path = rd.string(j["data"], "path", "");
+  LOOM_CHECK(!c.data.path.empty(), where + ": config key 'data.path' is required");
+  c.data.format = rd.string(j["data"], "format", "text");
+  LOOM_CHECK(c.data.format == "text",
+             rd.key("format") + ": '" + c.data.format + "' is not supported yet (text)");
+  c.data.tokenizer = rd.string(j["data"], "tokenizer", "bytes");
+  LOOM_CHECK(c.data.tokenizer == "bytes",
+             rd.key("tokenizer") + ": '" + c.data.tokenizer + "' is not supported yet (bytes)");
+  c.data.seq_len = rd.integer(j["data"], "seq_len", 128, 1);
+  c.data.shuffle = rd.boolean(j["data"], "shuffle", true);
+
+  // DeepSpeed's batch rule: train_batch_size = micro * accum * world; any two determine
+  // the third; all three must agree.
+  const bool has_m = j.contains("train_micro_batch_size_per_gpu"),
+             has_a = j.contains("gradient_accumulation_steps"),
+             has_t = j.contains("train_batch_size");
+  int64_t m = r.integer(j, "train_micro_batch_size_per_gpu", 1, 1);
+  int64_t a = r.integer(j, "gradient_accumulation_steps", 1, 1);
+  int64_t t = r.integer(j, "train_batch_size", 0, 1);
+  if (has_t && has_m && !has_a) {
+    LOOM_CHECK(t % (m * world) == 0, where + ": train_batch_size " + std::to_string(t) +
+                                         " is not divisible by train_micro_batch_size_per_gpu " +
+                                         std::to_string(m) + " x world size " +
+                                         std::to_string(world));
+    a = t / (m * world);
+  } else if (has_t && has_a && !has_m) {
+    LOOM_CHECK(t % (a * world) == 0, where + ": train_batch_size " + std::to_string(t) +
+                                         " is not divisible by gradient_accumulation_steps " +
+                                         std::to_string(a) + " x world size " +
+                                         std::to_string(world));
+    m = t / (a * world);
+  } else if (has_t && !has_m && !has_a) {
+    LOOM_CHECK(t % world == 0, where + ": train_batch_size " + std::to_string(t) +
+                                   " is not divisible by the world size " + std::to_string(world));
+    m = t / world;
+  }
+  if (has_t) {
+    LOOM_CHECK(t == m * a * world, where + ": inconsistent batch sizes: train_batch_size " +
+                                       std::to_string(t) + " != train_micro_batch_size_per_gpu " +
+                                       std::to_string(m) + " x gradient_accumulation_steps " +
+                                       std::to_string(a) + " x world size " +
+                                       std::to_string(world));
+  }
+  c.micro_batch = m;
+  c.grad_accum = a;
+  c.train_batch = m * a * world;
+
+  c.train_steps = r.integer(j, "train_steps", 100, 1);
+  c.seed = static_cast<uint64_t>(r.integer(j, "seed", 42, 0));
+  c.output_dir = r.string(j, "output_dir", "out");
+  LOOM_CHECK(!c.output_dir.empty(), r.key("output_dir") + " must not be empty");
+  c.gradient_clipping = r.number(j, "gradient_clipping", 0.0);
+  LOOM_CHECK(c.gradient_clipping >= 0.0, r.key("gradient_clipping") + " must be >= 0");
+  c.steps_per_print = r.integer(j, "steps_per_print", 10, 1);
+  c.wall_clock_breakdown = r.boolean(j, "wall_clock_breakdown", false);
+
+  if (j.contains("optimizer")) {
+    Reader ro{where, "optimizer."};
+    const json& o = j["optimizer"];
+    ro.only(o, {"type", "params"});
+    const std::string type = ro.string(o, "type", "AdamW");
+    LOOM_CHECK(type == "AdamW" || type == "Adam",
+               ro.key("type") + ": '" + type + "' is not supported (AdamW, Adam with adam_w_mode)");
+    if (o.contains("params")) {
+      Reader rp{where, "optimizer.params."};
+      const json& p = o["params"];
+      rp.only(p, {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam"});
+      c.adamw.lr = static_cast<float>(rp.number(p, "lr", c.adamw.lr));
+      c.adamw.eps = static_cast<float>(rp.number(p, "eps", c.adamw.eps));
+      c.adamw.weight_decay = static_cast<float>(rp.number(p, "weight_decay", c.adamw.weight_decay));
+      LOOM_CHECK(rp.boolean(p, "adam_w_mode", true),
+                 rp.key("adam_w_mode") + ": L2-mode Adam (false) is not supported");
+      rp.boolean(p, "torch_adam", false);
+      if (p.contains("betas")) {
+        const json& b = p["betas"];
+        LOOM_CHECK(b.is_array() && b.size() == 2 && b[0].is_number() && b[1].is_number(),
+                   rp.key("betas") + " must be [beta1, beta2]");
+        c.adamw.beta1 = b[0].get<float>();
+        c.adamw.beta2 = b[1].get<float>();
+      }
+    }
+    LOOM_CHECK(c.adamw.lr >= 0.0f, where + ": config key 'optimizer.params.lr' must be >= 0");
+  }
+  if (j.contains("scheduler")) {
+    c.scheduler = j["scheduler"];
+    // Validate now so a bad key fails before any work.
+    try {
+      optim::Schedule::from_json(c.scheduler, c.adamw.lr, c.train_steps);
+    } catch (const Error& e) {
+      throw Error(where + ": " + e.what());
+    }
+  }
+  if (j.contains("no_decay")) {
+    const json& nd = j["no_decay"];
+    LOOM_CHECK(nd.is_array(), r.key("no_decay") + " must be a list of bias|norm|embedding");
+    c.adamw.decay_bias = c.adamw.decay_norm = c.adamw.decay_embedding = true;
+    for (auto& e : nd) {
+      LOOM_CHECK(e.is_string() && (e == "bias" || e == "norm" || e == "embedding"),
+                 r.key("no_decay") + ": entries must be \"bias\", \"norm\" or \"embedding\"");
+      if (e == "bias") c.adamw.decay_bias = false;
+      if (e == "norm") c.adamw.decay_norm = false;
+      if (e == "embedding") c.adamw.decay_embedding = false;
+    }
+  }
+  if (j.contains("zero_optimization")) {
+    Reader rz{where, "zero_optimization."};
+    rz.only(j["zero_optimization"], {"stage"});
+    LOOM_CHECK(rz.integer(j["zero_optimization"], "stage", 0) == 0,
+               rz.key("stage") + ": ZeRO stages 1-3 are not implemented yet (use 0)");
+  }
+  for (const char* k : {"fp16", "bf16"}) {
+    if (j.contains(k)) {
+      Reader rm{where, std::string(k) + "."};
+      rm.only(j[k], {"enabled"});
+      LOOM_CHECK(!rm.boolean(j[k], "enabled", false),
+                 rm.key("enabled") + ": mixed precision is not implemented yet (fp32 only)");
+    }
+  }
+  return c;
+}
+
+TrainConfig load_config(const std::filesystem::path& path, const std::vector<std::string>& sets,
+                        int64_t world) {
+  json j = io::read_json_file(path);
+  for (const auto& s : sets) apply_override(j, s);
+  return parse_config(j, path.string(), world);
+}
+
+}  // namespace loom::train

@@ -1,0 +1,53 @@
+// The training config: a JSON file whose DeepSpeed keys keep DeepSpeed's meaning
+// (train_micro_batch_size_per_gpu, gradient_accumulation_steps, train_batch_size,
+// optimizer{type,params}, scheduler{type,params}, gradient_clipping, steps_per_print,
+// wall_clock_breakdown) plus loom's own (model, data, train_steps, seed, output_dir,
+// no_decay). Unknown keys, wrong types and inconsistent batch sizes are errors naming the key.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "loom/optim/adamw.h"
+#include "loom/optim/schedule.h"
+
+namespace loom::train {
+
+struct DataConfig {
+  std::string path;
+  std::string format = "text";      // plain text
+  std::string tokenizer = "bytes";  // one token per byte
+  int64_t seq_len = 128;
+  bool shuffle = true;
+};
+
+struct TrainConfig {
+  nlohmann::json model;  // a path string, or {"path": ...}, or {"arch": ..., sizes...}
+  DataConfig data;
+  int64_t micro_batch = 1, grad_accum = 1, train_batch = 1;
+  int64_t train_steps = 100;
+  uint64_t seed = 42;
+  std::string output_dir = "out";
+  optim::AdamWConfig adamw;
+  nlohmann::json scheduler;  // null: constant lr
+  double gradient_clipping = 0.0;
+  int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  nlohmann::json raw;  // the resolved JSON, saved beside the outputs
+};
+
+// Applies one `--set key.path=value` override; value is parsed as JSON when it is valid
+// JSON, else taken as a string. Errors name the override.
+void apply_override(nlohmann::json& j, const std::string& assignment);
+
+// Validates and resolves a config. `where` names the file in errors; world_size is the
+// data-parallel size used by DeepSpeed's batch rule (train = micro * accum * world).
+TrainConfig parse_config(const nlohmann::json& j, const std::string& where, int64_t world_size);
+
+TrainConfig load_config(const std::filesystem::path& path, const std::vector<std::string>& sets,
+                        int64_t world_size);
+
+}  // namespace loom::train

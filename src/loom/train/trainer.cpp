@@ -1,0 +1,166 @@
+#include "loom/train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "loom/io/hf_checkpoint.h"
+#include "loom/kernels/cpu/cross_entropy.h"
+#include "loom/models/gpt2.h"
+#include "loom/optim/clip.h"
+#include "loom/util/error.h"
+#include "loom/util/profile.h"
+
+namespace loom::train {
+
+namespace fs = std::filesystem;
+
+std::unique_ptr<models::CausalLM> build_model(const nlohmann::json& m, uint64_t seed,
+                                              const std::string& where) {
+  if (m.is_string()) return io::load_hf_model(m.get<std::string>());
+  LOOM_CHECK(m.is_object(), where + ": config key 'model' must be a path or an object");
+  if (m.contains("path")) {
+    LOOM_CHECK(m.size() == 1 && m["path"].is_string(),
+               where + ": config key 'model.path' must be the only key, a string");
+    return io::load_hf_model(m["path"].get<std::string>());
+  }
+  LOOM_CHECK(m.value("arch", std::string()) == "gpt2",
+             where + ": config key 'model.arch' must be \"gpt2\" (or give 'model.path')");
+  nlohmann::json hf = nlohmann::json::object();
+  for (auto& [k, v] : m.items()) {
+    static const char* kKeys[] = {
+        "arch",   "vocab_size", "n_positions",        "n_embd",           "n_layer",
+        "n_head", "n_inner",    "layer_norm_epsilon", "initializer_range"};
+    bool known = false;
+    for (const char* kk : kKeys) known |= k == kk;
+    LOOM_CHECK(known, where + ": unknown config key 'model." + k + "'");
+    if (k != "arch") hf[k] = v;
+  }
+  auto model = std::make_unique<models::GPT2>(models::GPT2Config::from_hf(hf, where + " (model)"));
+  model->params().init(seed);
+  return model;
+}
+
+Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset)
+    : cfg_(cfg), data_(std::move(dataset)) {
+  model_ = build_model(cfg.model, cfg.seed, "config");
+  if (!data_) {
+    data_ = std::make_unique<data::ByteTextDataset>(cfg.data.path, cfg.data.seq_len);
+    LOOM_CHECK(model_->vocab_size() >= 256,
+               "the byte tokenizer needs a vocabulary of at least 256, the model has " +
+                   std::to_string(model_->vocab_size()));
+  }
+  LOOM_CHECK(data_->seq_len() <= model_->max_positions(),
+             "data.seq_len " + std::to_string(data_->seq_len()) + " exceeds the model's " +
+                 std::to_string(model_->max_positions()) + " positions");
+  sampler_ = std::make_unique<data::Sampler>(*data_, cfg.seed, cfg.data.shuffle, cfg.micro_batch,
+                                             cfg.grad_accum, /*dp_size=*/1, /*dp_rank=*/0);
+  opt_ = std::make_unique<optim::AdamW>(model_->params(), cfg.adamw);
+  sched_ = optim::Schedule::from_json(cfg.scheduler, cfg.adamw.lr, cfg.train_steps);
+}
+
+StepStats Trainer::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  StepStats st;
+  st.step = step_;
+
+  // 1. Data: every micro-batch of this step, and the step's target-token count.
+  std::vector<data::MicroBatch> micro;
+  for (int64_t m = 0; m < cfg_.grad_accum; ++m) micro.push_back(sampler_->micro_batch(step_, m));
+  for (auto& mb : micro) {
+    st.target_tokens += kernels::count_targets(mb.targets.i32(), mb.targets.numel());
+    st.tokens += mb.ids.numel();
+  }
+  const float grad_scale = 1.0f / static_cast<float>(std::max<int64_t>(st.target_tokens, 1));
+
+  // 2. Forward and backward; gradients accumulate across micro-batches.
+  nn::ParamStore& ps = model_->params();
+  ps.zero_grads();
+  double loss_sum = 0.0;
+  for (auto& mb : micro) {
+    model_->forward(mb.ids);
+    loss_sum += model_->backward(mb.targets, grad_scale);
+  }
+  st.loss = loss_sum / std::max<int64_t>(st.target_tokens, 1);
+
+  // 3. Gradient sync: nothing to do at world size 1.
+  // 4. Clip by the global norm (the optimizer applies the coefficient as it reads grads).
+  st.grad_norm = std::sqrt(optim::sum_of_squares(ps.flat_grads()));
+  const float clip = optim::clip_coefficient(st.grad_norm, cfg_.gradient_clipping);
+  // 5. Optimizer on the local parameters, at this step's learning rate.
+  st.lr = sched_.lr_at(step_);
+  opt_->step(static_cast<float>(st.lr), clip);
+  // 6. Parameter sync: nothing to do at world size 1.
+
+  ++step_;
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+void Trainer::run() {
+  const fs::path out = cfg_.output_dir;
+  fs::create_directories(out);
+  {
+    std::ofstream f(out / "loom_config.json");
+    f << cfg_.raw.dump(2) << "\n";
+  }
+  std::ofstream metrics(out / "metrics.jsonl", std::ios::trunc);
+  LOOM_CHECK(metrics.good(), (out / "metrics.jsonl").string() + ": cannot write");
+  const bool tty = ::isatty(fileno(stderr));
+  nn::ParamStore& ps = model_->params();
+  std::fprintf(stderr,
+               "loom: %s, %.2fM parameters (%.2fM trainable), %lld samples of %lld tokens, "
+               "batch %lld = %lld x %lld accumulation, %lld steps\n",
+               model_->arch().c_str(), ps.numel() / 1e6, ps.trainable_numel() / 1e6,
+               static_cast<long long>(data_->size()), static_cast<long long>(cfg_.data.seq_len),
+               static_cast<long long>(cfg_.train_batch), static_cast<long long>(cfg_.micro_batch),
+               static_cast<long long>(cfg_.grad_accum), static_cast<long long>(cfg_.train_steps));
+  prof::enable(cfg_.wall_clock_breakdown);
+  double elapsed = 0.0;
+  while (step_ < cfg_.train_steps) {
+    StepStats st = step();
+    elapsed += st.seconds;
+    const double tok_s = st.tokens / st.seconds;
+    nlohmann::json row = {{"step", st.step + 1},
+                          {"loss", st.loss},
+                          {"lr", st.lr},
+                          {"grad_norm", st.grad_norm},
+                          {"tokens_per_s", tok_s},
+                          {"target_tokens", st.target_tokens},
+                          {"step_seconds", st.seconds},
+                          {"epoch", sampler_->epoch_of(st.step)}};
+    metrics << row.dump() << "\n";
+    metrics.flush();
+    LOOM_CHECK(std::isfinite(st.loss), "loss became " + std::to_string(st.loss) + " at step " +
+                                           std::to_string(st.step + 1));
+    const double eta = elapsed / step_ * (cfg_.train_steps - step_);
+    const bool print_line = (step_ % cfg_.steps_per_print == 0) || step_ == cfg_.train_steps;
+    if (tty) {
+      std::fprintf(stderr,
+                   "\rstep %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  ETA %.0fs   ",
+                   static_cast<long long>(step_), static_cast<long long>(cfg_.train_steps), st.loss,
+                   st.lr, st.grad_norm, tok_s, eta);
+      if (print_line) std::fprintf(stderr, "\n");
+    } else if (print_line) {
+      std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  ETA %.0fs\n",
+                   static_cast<long long>(step_), static_cast<long long>(cfg_.train_steps), st.loss,
+                   st.lr, st.grad_norm, tok_s, eta);
+    }
+  }
+  if (cfg_.wall_clock_breakdown) {
+    prof::Totals t = prof::totals();
+    std::fprintf(stderr, "time by phase over %lld steps:", static_cast<long long>(step_));
+    for (int i = 0; i < static_cast<int>(prof::Phase::kCount); ++i)
+      std::fprintf(stderr, " %s %.2fs", prof::phase_name(static_cast<prof::Phase>(i)),
+                   t.ns[i] / 1e9);
+    std::fprintf(stderr, "\n");
+  }
+  const fs::path ck = out / "checkpoint-final";
+  io::save_hf_checkpoint(*model_, ck);
+  std::fprintf(stderr, "loom: saved %s\n", ck.string().c_str());
+}
+
+}  // namespace loom::train
