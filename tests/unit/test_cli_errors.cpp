@@ -1,0 +1,121 @@
+// Bad input through the real `loom` binary: each case exits non-zero, names the file
+// (and key or tensor), and leaves no output folder behind.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+
+#include "common/test_util.h"
+#include "loom/io/hf_checkpoint.h"
+#include "loom/models/gpt2.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code;
+  std::string output;
+};
+
+Result run(const std::string& args) {
+  std::string cmd = test::loom_binary() + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+void write(const fs::path& p, const std::string& text) { std::ofstream(p) << text; }
+
+class CliErrors : public ::testing::Test {
+ protected:
+  test::TempDir tmp;
+  fs::path out() const { return tmp.path / "out"; }
+  std::string config(const std::string& model_json, const std::string& extra = "") {
+    fs::path data = tmp.path / "data.txt";
+    write(data, std::string(4000, 'a'));
+    fs::path cfg = tmp.path / "cfg.json";
+    write(cfg, "{\"model\": " + model_json + ", \"data\": {\"path\": \"" + data.string() +
+                   "\", \"seq_len\": 8}, \"train_steps\": 1, \"output_dir\": \"" + out().string() +
+                   "\"" + extra + "}");
+    return cfg.string();
+  }
+  // A tiny GPT-2 folder saved by loom itself.
+  fs::path model_folder() {
+    models::GPT2Config c;
+    c.vocab_size = 256;
+    c.n_positions = 16;
+    c.n_embd = 8;
+    c.n_head = 2;
+    c.n_layer = 1;
+    models::GPT2 m(c);
+    m.params().init(1);
+    fs::path dir = tmp.path / "model";
+    io::save_hf_checkpoint(m, dir);
+    return dir;
+  }
+  void expect_failure(const Result& r, const std::string& must_contain) {
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_NE(r.output.find(must_contain), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(out())) << "output folder written despite the error";
+  }
+};
+
+TEST_F(CliErrors, MissingConfigFile) {
+  fs::path p = tmp.path / "nope.json";
+  expect_failure(run("train " + p.string()), p.string());
+}
+
+TEST_F(CliErrors, MalformedJsonNamesFileAndLine) {
+  fs::path p = tmp.path / "bad.json";
+  write(p, "{\n  \"model\": {\"arch\": \"gpt2\"},\n  \"data\": {,}\n}\n");
+  expect_failure(run("train " + p.string()), p.string() + ":3");
+}
+
+TEST_F(CliErrors, UnknownKey) {
+  expect_failure(run("train " + config("{\"arch\": \"gpt2\"}", ", \"learning_rate\": 1")),
+                 "'learning_rate'");
+}
+
+TEST_F(CliErrors, MissingDataFile) {
+  std::string cfg = config("{\"arch\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 8, \"n_head\": 2}");
+  expect_failure(run("train " + cfg + " --set data.path=/nonexistent/data.txt"),
+                 "/nonexistent/data.txt");
+}
+
+TEST_F(CliErrors, TruncatedSafetensors) {
+  fs::path dir = model_folder();
+  fs::path st = dir / "model.safetensors";
+  fs::resize_file(st, fs::file_size(st) - 100);
+  expect_failure(run("train " + config("\"" + dir.string() + "\"")), st.string());
+}
+
+TEST_F(CliErrors, ShapeMismatchBetweenConfigAndWeights) {
+  fs::path dir = model_folder();
+  std::string text;
+  {
+    std::ifstream in(dir / "config.json");
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::string from = "\"n_embd\": 8", to = "\"n_embd\": 16";
+  ASSERT_NE(text.find(from), std::string::npos);
+  text.replace(text.find(from), from.size(), to);
+  write(dir / "config.json", text);
+  Result r = run("train " + config("\"" + dir.string() + "\""));
+  expect_failure(r, "transformer.wte.weight");
+  EXPECT_NE(r.output.find("[256, 8] vs expected [256, 16]"), std::string::npos) << r.output;
+}
+
+TEST_F(CliErrors, UsageErrorsExitTwo) {
+  EXPECT_EQ(run("frobnicate").code, 2);
+  EXPECT_EQ(run("train").code, 2);
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,121 @@
+// Config parsing: DeepSpeed's batch rule, unknown keys, overrides, schedules.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/test_util.h"
+#include "loom/train/config.h"
+
+namespace loom {
+namespace {
+
+using nlohmann::json;
+
+json base() {
+  return {{"model", {{"arch", "gpt2"}}}, {"data", {{"path", "x.txt"}, {"seq_len", 8}}}};
+}
+
+std::string error_of(const json& j, int64_t world = 1) {
+  try {
+    train::parse_config(j, "cfg.json", world);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, BatchSizesDerivedByDeepSpeedRule) {
+  json j = base();
+  j["train_batch_size"] = 16;
+  j["train_micro_batch_size_per_gpu"] = 2;
+  auto c = train::parse_config(j, "cfg.json", 2);
+  EXPECT_EQ(c.grad_accum, 4);
+  j.erase("train_micro_batch_size_per_gpu");
+  j["gradient_accumulation_steps"] = 2;
+  c = train::parse_config(j, "cfg.json", 2);
+  EXPECT_EQ(c.micro_batch, 4);
+}
+
+TEST(Config, InconsistentBatchSizesNameTheKeys) {
+  json j = base();
+  j["train_batch_size"] = 10;
+  j["train_micro_batch_size_per_gpu"] = 2;
+  j["gradient_accumulation_steps"] = 2;
+  std::string e = error_of(j);
+  EXPECT_NE(e.find("cfg.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("train_batch_size"), std::string::npos) << e;
+  EXPECT_NE(e.find("gradient_accumulation_steps"), std::string::npos) << e;
+}
+
+TEST(Config, UnknownKeysAreErrorsNamingThePath) {
+  json j = base();
+  j["trian_steps"] = 3;
+  EXPECT_NE(error_of(j).find("'trian_steps'"), std::string::npos);
+  j = base();
+  j["data"]["seqlen"] = 3;
+  EXPECT_NE(error_of(j).find("'data.seqlen'"), std::string::npos);
+  j = base();
+  j["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"beta", 0.9}}}};
+  EXPECT_NE(error_of(j).find("'optimizer.params.beta'"), std::string::npos);
+  j = base();
+  j["scheduler"] = {{"type", "WarmupLR"}, {"params", {{"warmup_steps", 3}}}};
+  EXPECT_NE(error_of(j).find("scheduler.params.warmup_steps"), std::string::npos);
+}
+
+TEST(Config, WrongTypesAreErrors) {
+  json j = base();
+  j["train_steps"] = "ten";
+  EXPECT_NE(error_of(j).find("'train_steps' must be an integer"), std::string::npos);
+  j = base();
+  j["fp16"] = {{"enabled", true}};
+  EXPECT_NE(error_of(j).find("fp16.enabled"), std::string::npos);
+}
+
+TEST(Config, SetOverridesNestedKeysWithJsonValues) {
+  json j = base();
+  train::apply_override(j, "optimizer.params.lr=0.01");
+  train::apply_override(j, "output_dir=runs/a");
+  train::apply_override(j, "data.shuffle=false");
+  EXPECT_DOUBLE_EQ(j["optimizer"]["params"]["lr"].get<double>(), 0.01);
+  EXPECT_EQ(j["output_dir"], "runs/a");
+  EXPECT_EQ(j["data"]["shuffle"], false);
+  EXPECT_THROW(train::apply_override(j, "novalue"), Error);
+}
+
+TEST(Schedule, DeepSpeedFormulas) {
+  // WarmupLR, linear: min + (max - min) * s / W, then flat.
+  auto s = optim::Schedule::from_json({{"type", "WarmupLR"},
+                                       {"params",
+                                        {{"warmup_min_lr", 0.0},
+                                         {"warmup_max_lr", 1.0},
+                                         {"warmup_num_steps", 4},
+                                         {"warmup_type", "linear"}}}},
+                                      1.0, 10);
+  EXPECT_DOUBLE_EQ(s.lr_at(0), 0.0);
+  EXPECT_DOUBLE_EQ(s.lr_at(2), 0.5);
+  EXPECT_DOUBLE_EQ(s.lr_at(7), 1.0);
+  // log warmup (DeepSpeed's default): log(s + 1) / log(W).
+  s = optim::Schedule::from_json(
+      {{"type", "WarmupLR"}, {"params", {{"warmup_max_lr", 2.0}, {"warmup_num_steps", 8}}}}, 1.0,
+      10);
+  EXPECT_NEAR(s.lr_at(3), 2.0 * std::log(4.0) / std::log(8.0), 1e-12);
+  // WarmupDecayLR: linear decay to 0 at total_num_steps.
+  s = optim::Schedule::from_json({{"type", "WarmupDecayLR"},
+                                  {"params",
+                                   {{"warmup_max_lr", 1.0},
+                                    {"warmup_num_steps", 2},
+                                    {"total_num_steps", 10},
+                                    {"warmup_type", "linear"}}}},
+                                 1.0, 10);
+  EXPECT_DOUBLE_EQ(s.lr_at(6), 0.5);
+  EXPECT_DOUBLE_EQ(s.lr_at(10), 0.0);
+  // WarmupCosineLR ends at cos_min_ratio of the optimizer's lr.
+  s = optim::Schedule::from_json(
+      {{"type", "WarmupCosineLR"},
+       {"params", {{"warmup_num_steps", 2}, {"total_num_steps", 10}, {"cos_min_ratio", 0.1}}}},
+      0.5, 10);
+  EXPECT_NEAR(s.lr_at(9), 0.05, 1e-12);
+}
+
+}  // namespace
+}  // namespace loom
