@@ -47,8 +47,8 @@ def fail(msg):
 
 
 def make_ids(config):
-    """UTF-8 bytes of SENTENCE, truncated to n_positions (and kept < vocab_size)."""
-    n_pos = int(config.get("n_positions", 1024))
+    """UTF-8 bytes of SENTENCE, truncated to the model's positions (and kept < vocab_size)."""
+    n_pos = int(config.get("n_positions", config.get("max_position_embeddings", 1024)))
     vocab = int(config["vocab_size"])
     return [b % vocab for b in SENTENCE.encode("utf-8")][:n_pos]
 

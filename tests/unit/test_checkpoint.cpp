@@ -110,3 +110,24 @@ TEST(Checkpoint, MissingTensorIsNamed) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+TEST(Checkpoint, LlamaFixtureRoundTripsThroughSave) {
+  // Load transformers' save_pretrained folder, save it ourselves, load that: same weights,
+  // same config fields (rope scaling included), same logits.
+  test::TempDir tmp;
+  for (const char* name : {"llama_tiny", "qwen2_tiny"}) {
+    auto a = io::load_hf_model(test::fixture_dir() / name);
+    io::save_hf_checkpoint(*a, tmp.path / name);
+    auto b = io::load_hf_model(tmp.path / name);
+    EXPECT_EQ(a->hf_config(), b->hf_config()) << name;
+    const Tensor va = a->params().flat_values(), vb = b->params().flat_values();
+    ASSERT_EQ(va.numel(), vb.numel());
+    EXPECT_EQ(0, std::memcmp(va.raw(), vb.raw(), va.nbytes())) << name;
+  }
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,6 +1,7 @@
 #include "loom/models/registry.h"
 
 #include "loom/models/gpt2.h"
+#include "loom/models/llama.h"
 #include "loom/util/error.h"
 
 namespace loom::models {
@@ -12,7 +13,9 @@ std::unique_ptr<CausalLM> make_model(const nlohmann::json& j, const std::string&
       !j["architectures"].empty() && j["architectures"][0] == "GPT2LMHeadModel")
     type = "gpt2";
   if (type == "gpt2") return std::make_unique<GPT2>(GPT2Config::from_hf(j, where));
-  throw Error(where + ": model_type '" + type + "' is not supported (supported: gpt2)");
+  if (type == "llama" || type == "qwen2")
+    return std::make_unique<Llama>(LlamaConfig::from_hf(j, where));
+  throw Error(where + ": model_type '" + type + "' is not supported (gpt2, llama, qwen2)");
 }
 
 }  // namespace loom::models

@@ -47,4 +47,33 @@ void gelu_backward(float* dx, const float* x, const float* dy, int64_t n) {
   }
 }
 
+void swiglu_forward(float* h, const float* g, const float* u, int64_t n) {
+  prof::ScopedPhase ph(prof::Phase::Activation);
+#pragma omp parallel for schedule(static)
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t b1 = std::min(n, b0 + kBlock);
+#pragma omp simd
+    for (int64_t i = b0; i < b1; ++i) {
+      const float sig = 1.0f / (1.0f + vexp(-g[i]));
+      h[i] = g[i] * sig * u[i];
+    }
+  }
+}
+
+void swiglu_backward(float* dg, float* du, const float* dh, const float* g, const float* u,
+                     int64_t n) {
+  prof::ScopedPhase ph(prof::Phase::Activation);
+#pragma omp parallel for schedule(static)
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t b1 = std::min(n, b0 + kBlock);
+#pragma omp simd
+    for (int64_t i = b0; i < b1; ++i) {
+      const float sig = 1.0f / (1.0f + vexp(-g[i]));
+      const float silu = g[i] * sig;
+      dg[i] += dh[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+      du[i] += dh[i] * silu;
+    }
+  }
+}
+
 }  // namespace loom::kernels

@@ -10,4 +10,10 @@ namespace loom::kernels {
 void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* x, const float* dy, int64_t n);
 
+// SwiGLU (Llama's MLP): h[n] = silu(g[n]) * u[n], silu(g) = g * sigmoid(g).
+//   backward: dg[n] += dh * u * silu'(g), du[n] += dh * silu(g)
+void swiglu_forward(float* h, const float* g, const float* u, int64_t n);
+void swiglu_backward(float* dg, float* du, const float* dh, const float* g, const float* u,
+                     int64_t n);
+
 }  // namespace loom::kernels

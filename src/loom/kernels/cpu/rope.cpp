@@ -1,0 +1,81 @@
+#include "loom/kernels/cpu/rope.h"
+
+#include <cmath>
+
+#include "loom/util/profile.h"
+
+namespace loom::kernels {
+
+std::vector<float> rope_inv_freq(int64_t D, double theta, const RopeScaling& s) {
+  std::vector<float> f(D / 2);
+  for (int64_t i = 0; i < D / 2; ++i) {
+    // transformers computes base ** (2i / D) in float32; float32 here too.
+    const float expo = static_cast<float>(2 * i) / static_cast<float>(D);
+    f[i] = 1.0f / std::pow(static_cast<float>(theta), expo);
+  }
+  if (s.type == "linear") {
+    for (auto& x : f) x = static_cast<float>(x / s.factor);
+  } else if (s.type == "llama3") {
+    const double old = static_cast<double>(s.original_max_position_embeddings);
+    const double low_wavelen = old / s.low_freq_factor, high_wavelen = old / s.high_freq_factor;
+    for (auto& x : f) {
+      const double wavelen = 2.0 * M_PI / x;
+      if (wavelen < high_wavelen) continue;  // high frequencies: unchanged
+      if (wavelen > low_wavelen) {
+        x = static_cast<float>(x / s.factor);
+      } else {  // smooth blend between the two regimes
+        const double smooth =
+            (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        x = static_cast<float>((1.0 - smooth) * x / s.factor + smooth * x);
+      }
+    }
+  }
+  return f;
+}
+
+void rope_tables(float* cos_t, float* sin_t, const int32_t* pos, int64_t N,
+                 const std::vector<float>& inv_freq) {
+  const int64_t half = static_cast<int64_t>(inv_freq.size());
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = static_cast<float>(pos[t]) * inv_freq[i];  // float32 like transformers
+      cos_t[t * half + i] = std::cos(a);
+      sin_t[t * half + i] = std::sin(a);
+    }
+}
+
+namespace {
+template <bool kInverse>
+void rotate(float* x, const float* cos_t, const float* sin_t, int64_t N, int64_t H, int64_t D,
+            int64_t stride) {
+  prof::ScopedPhase ph(prof::Phase::Attention);
+  const int64_t half = D / 2;
+  const float sign = kInverse ? -1.0f : 1.0f;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* c = cos_t + n * half;
+    const float* s = sin_t + n * half;
+    for (int64_t h = 0; h < H; ++h) {
+      float* v = x + n * stride + h * D;
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = v[i], bb = v[i + half], sn = sign * s[i];
+        v[i] = a * c[i] - bb * sn;
+        v[i + half] = bb * c[i] + a * sn;
+      }
+    }
+  }
+}
+}  // namespace
+
+void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t N, int64_t H, int64_t D,
+                  int64_t stride) {
+  rotate<false>(x, cos_t, sin_t, N, H, D, stride);
+}
+
+void rope_backward(float* dx, const float* cos_t, const float* sin_t, int64_t N, int64_t H,
+                   int64_t D, int64_t stride) {
+  rotate<true>(dx, cos_t, sin_t, N, H, D, stride);
+}
+
+}  // namespace loom::kernels

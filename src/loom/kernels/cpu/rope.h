@@ -1,0 +1,35 @@
+// Rotary position embedding with Hugging Face's convention (rotate_half: the two halves of
+// each head, not interleaved pairs):
+//   out[i]       = x[i] cos(p f_i) - x[i + D/2] sin(p f_i)
+//   out[i + D/2] = x[i + D/2] cos(p f_i) + x[i] sin(p f_i),   i < D/2, f_i = inv_freq[i]
+// applied in place to x[N rows, H heads of D] with a row stride; row n uses table row n,
+// so packed sequences (positions restarting inside a row of the batch) need no special case.
+// Backward is the inverse rotation (the transpose), also in place on the gradient. rope_inv_freq
+// implements rope_scaling types default, linear and llama3 as transformers does.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom::kernels {
+
+struct RopeScaling {
+  std::string type = "default";  // default | linear | llama3
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+std::vector<float> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& s);
+
+// cos/sin tables [N, D/2] for positions pos[0..N).
+void rope_tables(float* cos_t, float* sin_t, const int32_t* pos, int64_t N,
+                 const std::vector<float>& inv_freq);
+
+void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t N, int64_t H, int64_t D,
+                  int64_t stride);
+void rope_backward(float* dx, const float* cos_t, const float* sin_t, int64_t N, int64_t H,
+                   int64_t D, int64_t stride);
+
+}  // namespace loom::kernels

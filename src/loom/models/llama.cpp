@@ -1,0 +1,213 @@
+#include "loom/models/llama.h"
+
+#include <cmath>
+
+#include "loom/kernels/cpu/cross_entropy.h"
+#include "loom/kernels/cpu/elementwise.h"
+#include "loom/kernels/cpu/matmul.h"
+#include "loom/util/error.h"
+
+namespace loom::models {
+
+namespace {
+
+int64_t get_int(const nlohmann::json& j, const char* key, int64_t dflt, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  LOOM_CHECK(j[key].is_number_integer(), where + ": key '" + key + "' must be an integer");
+  return j[key].get<int64_t>();
+}
+
+double get_num(const nlohmann::json& j, const char* key, double dflt, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  LOOM_CHECK(j[key].is_number(), where + ": key '" + key + "' must be a number");
+  return j[key].get<double>();
+}
+
+}  // namespace
+
+LlamaConfig LlamaConfig::from_hf(const nlohmann::json& j, const std::string& where) {
+  LOOM_CHECK(j.is_object(), where + ": config must be a JSON object");
+  LlamaConfig c;
+  c.model_type = j.value("model_type", std::string("llama"));
+  c.vocab_size = get_int(j, "vocab_size", c.vocab_size, where);
+  c.hidden_size = get_int(j, "hidden_size", c.hidden_size, where);
+  c.intermediate_size = get_int(j, "intermediate_size", c.intermediate_size, where);
+  c.num_hidden_layers = get_int(j, "num_hidden_layers", c.num_hidden_layers, where);
+  c.num_attention_heads = get_int(j, "num_attention_heads", c.num_attention_heads, where);
+  c.num_key_value_heads = get_int(j, "num_key_value_heads", c.num_attention_heads, where);
+  c.head_dim = get_int(j, "head_dim", 0, where);
+  c.max_position_embeddings = get_int(j, "max_position_embeddings", 2048, where);
+  c.rms_norm_eps = static_cast<float>(get_num(j, "rms_norm_eps", 1e-6, where));
+  c.initializer_range = static_cast<float>(get_num(j, "initializer_range", 0.02, where));
+  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  c.attention_bias = c.model_type == "qwen2" ? true : j.value("attention_bias", false);
+  c.bos_token_id = get_int(j, "bos_token_id", -1, where);
+  c.eos_token_id = j.contains("eos_token_id") && j["eos_token_id"].is_array()
+                       ? j["eos_token_id"][0].get<int64_t>()
+                       : get_int(j, "eos_token_id", -1, where);
+  for (const char* k : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                        "num_attention_heads", "max_position_embeddings"})
+    LOOM_CHECK(get_int(j, k, 1, where) > 0, where + ": key '" + k + "' must be positive");
+  LOOM_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
+             where + ": num_attention_heads must be a multiple of num_key_value_heads");
+  LOOM_CHECK(c.head_dim > 0 || c.hidden_size % c.num_attention_heads == 0,
+             where + ": hidden_size is not divisible by num_attention_heads");
+  const std::string act = j.value("hidden_act", std::string("silu"));
+  LOOM_CHECK(act == "silu", where + ": hidden_act '" + act + "' is not supported (silu)");
+  LOOM_CHECK(!j.value("mlp_bias", false), where + ": mlp_bias=true is not supported");
+  LOOM_CHECK(!j.value("use_sliding_window", false),
+             where + ": use_sliding_window=true is not supported");
+
+  // Rotary settings: transformers 4.x keys (rope_theta, rope_scaling) or 5.x's
+  // rope_parameters {rope_type, rope_theta, factor, ...}.
+  nlohmann::json rs = j.contains("rope_parameters") && j["rope_parameters"].is_object()
+                          ? j["rope_parameters"]
+                          : j.value("rope_scaling", nlohmann::json());
+  c.rope_theta = get_num(j, "rope_theta", 10000.0, where);
+  if (rs.is_object() && rs.contains("rope_theta"))
+    c.rope_theta = get_num(rs, "rope_theta", 1e4, where);
+  if (rs.is_object()) {
+    std::string type = rs.value("rope_type", rs.value("type", std::string("default")));
+    LOOM_CHECK(
+        type == "default" || type == "linear" || type == "llama3",
+        where + ": rope_scaling type '" + type + "' is not supported (default, linear, llama3)");
+    c.rope_scaling.type = type;
+    c.rope_scaling.factor = get_num(rs, "factor", 1.0, where);
+    c.rope_scaling.low_freq_factor = get_num(rs, "low_freq_factor", 1.0, where);
+    c.rope_scaling.high_freq_factor = get_num(rs, "high_freq_factor", 4.0, where);
+    c.rope_scaling.original_max_position_embeddings =
+        get_int(rs, "original_max_position_embeddings", 8192, where);
+    if (type != "default") c.rope_scaling_json = rs;
+  }
+  return c;
+}
+
+nlohmann::json LlamaConfig::to_hf() const {
+  nlohmann::json j;
+  j["architectures"] = {model_type == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  j["model_type"] = model_type;
+  j["vocab_size"] = vocab_size;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = dim_head();
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["rope_theta"] = rope_theta;
+  j["rope_scaling"] = rope_scaling_json.is_null() ? nlohmann::json(nullptr) : rope_scaling_json;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["hidden_act"] = "silu";
+  j["initializer_range"] = initializer_range;
+  if (model_type != "qwen2") j["attention_bias"] = attention_bias;
+  if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
+  if (eos_token_id >= 0) j["eos_token_id"] = eos_token_id;
+  j["torch_dtype"] = "float32";
+  return j;
+}
+
+LlamaBlock::LlamaBlock(nn::ParamStore& ps, const std::string& name, const LlamaConfig& c)
+    : input_layernorm_(ps, name + ".input_layernorm", c.hidden_size, c.rms_norm_eps),
+      post_attention_layernorm_(ps, name + ".post_attention_layernorm", c.hidden_size,
+                                c.rms_norm_eps),
+      self_attn_(
+          ps, name + ".self_attn",
+          nn::GqaDims{c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.dim_head(),
+                      c.attention_bias, c.attention_bias && c.model_type != "qwen2"},
+          c.initializer_range),
+      mlp_(ps, name + ".mlp", c.hidden_size, c.intermediate_size, c.initializer_range) {}
+
+const Tensor& LlamaBlock::forward(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  nn::ensure(h_, x.shape());
+  nn::ensure(out_, x.shape());
+  const Tensor& a = self_attn_.forward(input_layernorm_.forward(x), cos, sin);
+  kernels::add(h_.f32(), x.f32(), a.f32(), x.numel());
+  const Tensor& m = mlp_.forward(post_attention_layernorm_.forward(h_));
+  kernels::add(out_.f32(), h_.f32(), m.f32(), x.numel());
+  return out_;
+}
+
+void LlamaBlock::backward(const Tensor& dout, const Tensor& dx, nn::Scratch& scratch) {
+  // out = h + mlp(norm2(h)); h = x + attn(norm1(x))
+  Tensor dh = scratch.zeros("block.dr1", dout.shape());
+  dh.copy_from(dout);
+  Tensor dn = scratch.zeros("block.dh", dout.shape());
+  mlp_.backward(dout, dn, scratch);
+  post_attention_layernorm_.backward(dn, dh);
+  dn = scratch.zeros("block.dh", dout.shape());
+  self_attn_.backward(dh, dn, scratch);
+  input_layernorm_.backward(dn, dx);
+  kernels::add_inplace(dx.f32(), dh.f32(), dx.numel());
+}
+
+Llama::Llama(const LlamaConfig& c)
+    : cfg_(c), embed_(ps_, "model.embed_tokens", c.vocab_size, c.hidden_size, c.initializer_range) {
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    layers_.push_back(std::make_unique<LlamaBlock>(ps_, "model.layers." + std::to_string(l), c));
+  norm_ = std::make_unique<nn::RMSNorm>(ps_, "model.norm", c.hidden_size, c.rms_norm_eps);
+  if (!c.tie_word_embeddings)
+    lm_head_ = ps_.add("lm_head.weight", {c.vocab_size, c.hidden_size}, nn::ParamKind::Weight,
+                       c.initializer_range);
+  ps_.materialize();
+  inv_freq_ = kernels::rope_inv_freq(c.dim_head(), c.rope_theta, c.rope_scaling);
+}
+
+nn::Parameter* Llama::head_weight() const { return lm_head_ ? lm_head_ : embed_.weight(); }
+
+bool Llama::hf_ignorable(const std::string& name) const {
+  // Tied checkpoints may still carry lm_head.weight; older ones carry rotary buffers.
+  return (!lm_head_ && name == "lm_head.weight") || name.ends_with("rotary_emb.inv_freq");
+}
+
+const Tensor& Llama::forward(const Tensor& ids) {
+  LOOM_CHECK(ids.ndim() == 2, "Llama::forward: ids must be [B, T], got " + shape_str(ids.shape()));
+  const int64_t B = ids.dim(0), T = ids.dim(1), C = cfg_.hidden_size, half = cfg_.dim_head() / 2;
+  LOOM_CHECK(T <= cfg_.max_position_embeddings, "sequence length " + std::to_string(T) +
+                                                    " exceeds max_position_embeddings " +
+                                                    std::to_string(cfg_.max_position_embeddings));
+  ids_ = ids;
+  if (!pos_.defined() || pos_.shape() != ids.shape()) {
+    pos_ = Tensor::zeros({B, T}, DType::I32);
+    for (int64_t i = 0; i < B * T; ++i) pos_.i32()[i] = static_cast<int32_t>(i % T);
+    cos_ = Tensor::zeros({B * T, half});
+    sin_ = Tensor::zeros({B * T, half});
+    kernels::rope_tables(cos_.f32(), sin_.f32(), pos_.i32(), B * T, inv_freq_);
+  }
+  nn::ensure(x0_, {B, T, C});
+  embed_.forward(ids.i32(), B * T, x0_, /*accumulate=*/false);
+  const Tensor* x = &x0_;
+  for (auto& blk : layers_) x = &blk->forward(*x, cos_, sin_);
+  const Tensor& h = norm_->forward(*x);
+  nn::ensure(logits_, {B, T, cfg_.vocab_size});
+  kernels::matmul_forward(logits_.f32(), h.f32(), head_weight()->value.f32(), nullptr, B * T, C,
+                          cfg_.vocab_size);
+  return logits_;
+}
+
+double Llama::backward(const Tensor& targets, float grad_scale) {
+  LOOM_CHECK(ids_.defined(), "Llama::backward called before forward");
+  const int64_t B = ids_.dim(0), T = ids_.dim(1), C = cfg_.hidden_size, V = cfg_.vocab_size;
+  LOOM_CHECK(targets.shape() == ids_.shape(), "targets " + shape_str(targets.shape()) +
+                                                  " do not match ids " + shape_str(ids_.shape()));
+  const double loss_sum =
+      kernels::cross_entropy_backward(logits_.f32(), targets.i32(), B * T, V, grad_scale);
+  nn::Parameter* head = head_weight();
+  Tensor dh = scratch_.zeros("llama.dh", {B, T, C});
+  kernels::matmul_backward(dh.f32(), head->trainable ? head->grad.f32() : nullptr, nullptr,
+                           logits_.f32(), norm_->output().f32(), head->value.f32(), B * T, C, V);
+  const char* slots[2] = {"llama.dres0", "llama.dres1"};
+  int cur = 0;
+  Tensor dx = scratch_.zeros(slots[cur], {B, T, C});
+  norm_->backward(dh, dx);
+  for (size_t l = layers_.size(); l-- > 0;) {
+    Tensor dprev = scratch_.zeros(slots[cur ^ 1], {B, T, C});
+    layers_[l]->backward(dx, dprev, scratch_);
+    dx = dprev;
+    cur ^= 1;
+  }
+  embed_.backward(ids_.i32(), B * T, dx);
+  return loss_sum;
+}
+
+}  // namespace loom::models

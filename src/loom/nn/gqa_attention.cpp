@@ -1,0 +1,59 @@
+#include "loom/nn/gqa_attention.h"
+
+#include "loom/kernels/cpu/attention.h"
+#include "loom/kernels/cpu/rope.h"
+#include "loom/util/error.h"
+
+namespace loom::nn {
+
+GqaAttention::GqaAttention(ParamStore& ps, const std::string& name, const GqaDims& d,
+                           float init_std)
+    : d_(d),
+      q_(ps, name + ".q_proj", d.hidden, d.n_head * d.head_dim, d.qkv_bias, init_std),
+      k_(ps, name + ".k_proj", d.hidden, d.n_kv_head * d.head_dim, d.qkv_bias, init_std),
+      v_(ps, name + ".v_proj", d.hidden, d.n_kv_head * d.head_dim, d.qkv_bias, init_std),
+      o_(ps, name + ".o_proj", d.n_head * d.head_dim, d.hidden, d.o_bias, init_std) {
+  LOOM_CHECK(d.n_kv_head > 0 && d.n_head % d.n_kv_head == 0,
+             name + ": num_attention_heads " + std::to_string(d.n_head) +
+                 " is not a multiple of num_key_value_heads " + std::to_string(d.n_kv_head));
+  LOOM_CHECK(d.head_dim % 2 == 0, name + ": head_dim must be even for rotary embeddings");
+}
+
+const Tensor& GqaAttention::forward(const Tensor& x, const Tensor& rope_cos,
+                                    const Tensor& rope_sin) {
+  const int64_t B = x.dim(0), T = x.dim(1), D = d_.head_dim, NH = d_.n_head, NKV = d_.n_kv_head;
+  // The projections' outputs are rotated in place: the rotated q, k are what attention and
+  // its backward need, and the un-rotated values are never used again.
+  const Tensor& q = q_.forward(x);
+  const Tensor& k = k_.forward(x);
+  const Tensor& v = v_.forward(x);
+  cos_ = rope_cos;
+  sin_ = rope_sin;
+  kernels::rope_forward(q.f32(), rope_cos.f32(), rope_sin.f32(), B * T, NH, D, NH * D);
+  kernels::rope_forward(k.f32(), rope_cos.f32(), rope_sin.f32(), B * T, NKV, D, NKV * D);
+  ensure(att_, {B, NH, T, T});
+  ensure(ctx_, {B, T, NH * D});
+  kernels::AttnDims ad{B, T, NH, NKV, D, NH * D, NKV * D};
+  kernels::attention_forward(ctx_.f32(), att_.f32(), q.f32(), k.f32(), v.f32(), ad);
+  return o_.forward(ctx_);
+}
+
+void GqaAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch) {
+  const int64_t B = ctx_.dim(0), T = ctx_.dim(1), D = d_.head_dim, NH = d_.n_head,
+                NKV = d_.n_kv_head;
+  Tensor dctx = scratch.zeros("gqa.dctx", {B, T, NH * D});
+  o_.backward(dy, dctx);
+  Tensor dq = scratch.zeros("gqa.dq", {B, T, NH * D});
+  Tensor dk = scratch.zeros("gqa.dk", {B, T, NKV * D});
+  Tensor dv = scratch.zeros("gqa.dv", {B, T, NKV * D});
+  kernels::AttnDims ad{B, T, NH, NKV, D, NH * D, NKV * D};
+  kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dctx.f32(), q_.output().f32(),
+                              k_.output().f32(), v_.output().f32(), att_.f32(), ad);
+  kernels::rope_backward(dq.f32(), cos_.f32(), sin_.f32(), B * T, NH, D, NH * D);
+  kernels::rope_backward(dk.f32(), cos_.f32(), sin_.f32(), B * T, NKV, D, NKV * D);
+  q_.backward(dq, dx);
+  k_.backward(dk, dx);
+  v_.backward(dv, dx);
+}
+
+}  // namespace loom::nn

@@ -1,0 +1,33 @@
+// Llama-family self-attention: separate q/k/v projections (optional bias, as Qwen2),
+// grouped K/V heads (NKV divides NH), rotary embedding on q and k, causal softmax,
+// output projection o_proj. Names follow transformers: <name>.q_proj, k_proj, v_proj, o_proj.
+//   forward : x [B, T, C], rope cos/sin [B*T, D/2] -> y [B, T, C]
+//             (saves rotated q [B,T,NH*D], k, v [B,T,NKV*D], att [B,NH,T,T], ctx)
+//   backward: dy -> dx += ...   (scratch: dctx, dq, dk, dv)
+#pragma once
+
+#include <string>
+
+#include "loom/nn/buffers.h"
+#include "loom/nn/linear.h"
+
+namespace loom::nn {
+
+struct GqaDims {
+  int64_t hidden, n_head, n_kv_head, head_dim;
+  bool qkv_bias = false, o_bias = false;
+};
+
+class GqaAttention {
+ public:
+  GqaAttention(ParamStore& ps, const std::string& name, const GqaDims& d, float init_std);
+  const Tensor& forward(const Tensor& x, const Tensor& rope_cos, const Tensor& rope_sin);
+  void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
+
+ private:
+  GqaDims d_;
+  Linear q_, k_, v_, o_;
+  Tensor q_rot_, k_rot_, att_, ctx_, cos_, sin_;
+};
+
+}  // namespace loom::nn

@@ -1,0 +1,27 @@
+// RMSNorm with a learned scale (Llama, Qwen2, SmolLM2).
+//   forward : x [..., C] -> y [..., C]   (saves x, rstd)
+//   backward: dy -> dx += ...
+#pragma once
+
+#include <string>
+
+#include "loom/nn/parameter.h"
+
+namespace loom::nn {
+
+class RMSNorm {
+ public:
+  RMSNorm(ParamStore& ps, const std::string& name, int64_t C, float eps);
+  const Tensor& forward(const Tensor& x);
+  void backward(const Tensor& dy, const Tensor& dx);
+  const Tensor& output() const { return y_; }
+  Parameter* weight() const { return w_; }
+
+ private:
+  Parameter* w_;
+  int64_t C_;
+  float eps_;
+  Tensor x_, y_, rstd_;
+};
+
+}  // namespace loom::nn

@@ -1,0 +1,24 @@
+// Llama-family MLP: down_proj(silu(gate_proj(x)) * up_proj(x)), no biases.
+//   forward : x [B, T, C] -> y [B, T, C]   (saves gate and up outputs [B,T,I], h = swiglu)
+//   backward: dy -> dx += ...              (scratch: dh, dg, du [B,T,I])
+#pragma once
+
+#include <string>
+
+#include "loom/nn/buffers.h"
+#include "loom/nn/linear.h"
+
+namespace loom::nn {
+
+class SwiGluMLP {
+ public:
+  SwiGluMLP(ParamStore& ps, const std::string& name, int64_t C, int64_t inter, float init_std);
+  const Tensor& forward(const Tensor& x);
+  void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
+
+ private:
+  Linear gate_, up_, down_;
+  Tensor h_;
+};
+
+}  // namespace loom::nn
