@@ -4,17 +4,28 @@
 //   backward: targets [B, T] (i32, -100 = ignore) -> fused cross-entropy, then gradients of
 //             every trainable parameter accumulate, scaled by grad_scale. Consumes the
 //             logits buffer (it becomes dlogits). Returns the SUM of token losses.
+// Inference: forward_cached runs ids [1, n] at positions cache.len.. and appends their keys
+// and values to the cache (prefill with the prompt, then one token at a time); it returns
+// logits [1, n, V]. Its logits equal forward()'s on the whole sequence.
 // Parameter names are the Hugging Face names; hf_transposed() says which tensors HF stores
 // transposed relative to our [out, in] (GPT-2's Conv1D).
 #pragma once
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "loom/nn/parameter.h"
 #include "loom/tensor/tensor.h"
 
 namespace loom::models {
+
+// Per-layer keys and values of the tokens seen so far (batch 1), [capacity, NKV * HD] each.
+struct KVCache {
+  std::vector<Tensor> k, v;
+  int64_t len = 0;       // tokens cached
+  int64_t capacity = 0;  // max tokens (the model's positions)
+};
 
 class CausalLM {
  public:
@@ -22,6 +33,8 @@ class CausalLM {
   virtual nn::ParamStore& params() = 0;
   virtual const Tensor& forward(const Tensor& ids) = 0;
   virtual double backward(const Tensor& targets, float grad_scale) = 0;
+  virtual KVCache new_cache() const = 0;
+  virtual const Tensor& forward_cached(const Tensor& ids, KVCache& cache) = 0;
   virtual int64_t vocab_size() const = 0;
   virtual int64_t max_positions() const = 0;
   virtual std::string arch() const = 0;          // "gpt2"

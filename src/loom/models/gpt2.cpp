@@ -109,6 +109,17 @@ const Tensor& GPT2Block::forward(const Tensor& x) {
   return out_;
 }
 
+const Tensor& GPT2Block::forward_cached(const Tensor& x, const Tensor& kc, const Tensor& vc,
+                                        int64_t past) {
+  nn::ensure(r1_, x.shape());
+  nn::ensure(out_, x.shape());
+  const Tensor& a = attn_.forward_cached(ln_1_.forward(x), kc, vc, past);
+  kernels::add(r1_.f32(), x.f32(), a.f32(), x.numel());
+  const Tensor& m = mlp_.forward(ln_2_.forward(r1_));
+  kernels::add(out_.f32(), r1_.f32(), m.f32(), x.numel());
+  return out_;
+}
+
 void GPT2Block::backward(const Tensor& dout, const Tensor& dx, nn::Scratch& scratch) {
   // out = r1 + mlp(ln_2(r1)); r1 = x + attn(ln_1(x))
   Tensor dr1 = scratch.zeros("block.dr1", dout.shape());
@@ -164,6 +175,39 @@ const Tensor& GPT2::forward(const Tensor& ids) {
   nn::ensure(logits_, {B, T, cfg_.vocab_size});
   kernels::matmul_forward(logits_.f32(), h.f32(), wte_.weight()->value.f32(), nullptr, B * T, C,
                           cfg_.vocab_size);
+  return logits_;
+}
+
+KVCache GPT2::new_cache() const {
+  KVCache c;
+  c.capacity = cfg_.n_positions;
+  for (int64_t l = 0; l < cfg_.n_layer; ++l) {
+    c.k.push_back(Tensor::zeros({c.capacity, cfg_.n_embd}));
+    c.v.push_back(Tensor::zeros({c.capacity, cfg_.n_embd}));
+  }
+  return c;
+}
+
+const Tensor& GPT2::forward_cached(const Tensor& ids, KVCache& cache) {
+  LOOM_CHECK(ids.ndim() == 2 && ids.dim(0) == 1, "forward_cached: ids must be [1, n]");
+  const int64_t n = ids.dim(1), past = cache.len, C = cfg_.n_embd;
+  LOOM_CHECK(past + n <= cache.capacity, "context of " + std::to_string(past + n) +
+                                             " tokens exceeds n_positions " +
+                                             std::to_string(cache.capacity));
+  std::vector<int32_t> pos(n);
+  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(past + i);
+  nn::ensure(x0_, {1, n, C});
+  wte_.forward(ids.i32(), n, x0_, /*accumulate=*/false);
+  wpe_.forward(pos.data(), n, x0_, /*accumulate=*/true);
+  const Tensor* x = &x0_;
+  for (size_t l = 0; l < blocks_.size(); ++l)
+    x = &blocks_[l]->forward_cached(*x, cache.k[l], cache.v[l], past);
+  const Tensor& h = ln_f_->forward(*x);
+  nn::ensure(logits_, {1, n, cfg_.vocab_size});
+  kernels::matmul_forward(logits_.f32(), h.f32(), wte_.weight()->value.f32(), nullptr, n, C,
+                          cfg_.vocab_size);
+  cache.len += n;
+  ids_ = Tensor();
   return logits_;
 }
 

@@ -38,6 +38,7 @@ class GPT2Block {
   GPT2Block(nn::ParamStore& ps, const std::string& name, const GPT2Config& c);
   const Tensor& forward(const Tensor& x);  // x [B, T, C] -> [B, T, C]
   void backward(const Tensor& dout, const Tensor& dx, nn::Scratch& scratch);
+  const Tensor& forward_cached(const Tensor& x, const Tensor& kc, const Tensor& vc, int64_t past);
 
  private:
   nn::LayerNorm ln_1_, ln_2_;
@@ -52,6 +53,8 @@ class GPT2 : public CausalLM {
   nn::ParamStore& params() override { return ps_; }
   const Tensor& forward(const Tensor& ids) override;
   double backward(const Tensor& targets, float grad_scale) override;
+  KVCache new_cache() const override;
+  const Tensor& forward_cached(const Tensor& ids, KVCache& cache) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t max_positions() const override { return cfg_.n_positions; }
   std::string arch() const override { return "gpt2"; }

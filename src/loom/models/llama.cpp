@@ -128,6 +128,17 @@ const Tensor& LlamaBlock::forward(const Tensor& x, const Tensor& cos, const Tens
   return out_;
 }
 
+const Tensor& LlamaBlock::forward_cached(const Tensor& x, const Tensor& cos, const Tensor& sin,
+                                         const Tensor& kc, const Tensor& vc, int64_t past) {
+  nn::ensure(h_, x.shape());
+  nn::ensure(out_, x.shape());
+  const Tensor& a = self_attn_.forward_cached(input_layernorm_.forward(x), cos, sin, kc, vc, past);
+  kernels::add(h_.f32(), x.f32(), a.f32(), x.numel());
+  const Tensor& m = mlp_.forward(post_attention_layernorm_.forward(h_));
+  kernels::add(out_.f32(), h_.f32(), m.f32(), x.numel());
+  return out_;
+}
+
 void LlamaBlock::backward(const Tensor& dout, const Tensor& dx, nn::Scratch& scratch) {
   // out = h + mlp(norm2(h)); h = x + attn(norm1(x))
   Tensor dh = scratch.zeros("block.dr1", dout.shape());
@@ -182,6 +193,41 @@ const Tensor& Llama::forward(const Tensor& ids) {
   nn::ensure(logits_, {B, T, cfg_.vocab_size});
   kernels::matmul_forward(logits_.f32(), h.f32(), head_weight()->value.f32(), nullptr, B * T, C,
                           cfg_.vocab_size);
+  return logits_;
+}
+
+KVCache Llama::new_cache() const {
+  KVCache c;
+  c.capacity = cfg_.max_position_embeddings;
+  const int64_t width = cfg_.num_key_value_heads * cfg_.dim_head();
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    c.k.push_back(Tensor::zeros({c.capacity, width}));
+    c.v.push_back(Tensor::zeros({c.capacity, width}));
+  }
+  return c;
+}
+
+const Tensor& Llama::forward_cached(const Tensor& ids, KVCache& cache) {
+  LOOM_CHECK(ids.ndim() == 2 && ids.dim(0) == 1, "forward_cached: ids must be [1, n]");
+  const int64_t n = ids.dim(1), past = cache.len, C = cfg_.hidden_size, half = cfg_.dim_head() / 2;
+  LOOM_CHECK(past + n <= cache.capacity, "context of " + std::to_string(past + n) +
+                                             " tokens exceeds max_position_embeddings " +
+                                             std::to_string(cache.capacity));
+  std::vector<int32_t> pos(n);
+  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(past + i);
+  Tensor cos = Tensor::zeros({n, half}), sin = Tensor::zeros({n, half});
+  kernels::rope_tables(cos.f32(), sin.f32(), pos.data(), n, inv_freq_);
+  nn::ensure(x0_, {1, n, C});
+  embed_.forward(ids.i32(), n, x0_, /*accumulate=*/false);
+  const Tensor* x = &x0_;
+  for (size_t l = 0; l < layers_.size(); ++l)
+    x = &layers_[l]->forward_cached(*x, cos, sin, cache.k[l], cache.v[l], past);
+  const Tensor& h = norm_->forward(*x);
+  nn::ensure(logits_, {1, n, cfg_.vocab_size});
+  kernels::matmul_forward(logits_.f32(), h.f32(), head_weight()->value.f32(), nullptr, n, C,
+                          cfg_.vocab_size);
+  cache.len += n;
+  ids_ = Tensor();  // a training backward must follow a training forward
   return logits_;
 }
 

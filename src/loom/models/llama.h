@@ -45,6 +45,8 @@ class LlamaBlock {
   LlamaBlock(nn::ParamStore& ps, const std::string& name, const LlamaConfig& c);
   const Tensor& forward(const Tensor& x, const Tensor& cos, const Tensor& sin);
   void backward(const Tensor& dout, const Tensor& dx, nn::Scratch& scratch);
+  const Tensor& forward_cached(const Tensor& x, const Tensor& cos, const Tensor& sin,
+                               const Tensor& kc, const Tensor& vc, int64_t past);
 
  private:
   nn::RMSNorm input_layernorm_, post_attention_layernorm_;
@@ -59,6 +61,8 @@ class Llama : public CausalLM {
   nn::ParamStore& params() override { return ps_; }
   const Tensor& forward(const Tensor& ids) override;
   double backward(const Tensor& targets, float grad_scale) override;
+  KVCache new_cache() const override;
+  const Tensor& forward_cached(const Tensor& ids, KVCache& cache) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t max_positions() const override { return cfg_.max_position_embeddings; }
   std::string arch() const override { return cfg_.model_type; }

@@ -1,5 +1,7 @@
 #include "loom/nn/attention.h"
 
+#include <cstring>
+
 #include "loom/kernels/cpu/attention.h"
 #include "loom/util/error.h"
 
@@ -23,6 +25,20 @@ const Tensor& FusedQKVAttention::forward(const Tensor& x) {
   const float* q = qkv.f32();
   kernels::AttnDims d{B, T, NH_, NH_, C_ / NH_, 3 * C_, 3 * C_};
   kernels::attention_forward(ctx_.f32(), att_.f32(), q, q + C_, q + 2 * C_, d);
+  return c_proj_.forward(ctx_);
+}
+
+const Tensor& FusedQKVAttention::forward_cached(const Tensor& x, const Tensor& kc, const Tensor& vc,
+                                                int64_t past) {
+  const int64_t n = x.dim(1);
+  const float* qkv = c_attn_.forward(x).f32();  // [1, n, 3C]
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(kc.f32() + (past + i) * C_, qkv + i * 3 * C_ + C_, C_ * sizeof(float));
+    std::memcpy(vc.f32() + (past + i) * C_, qkv + i * 3 * C_ + 2 * C_, C_ * sizeof(float));
+  }
+  ensure(ctx_, {1, n, C_});
+  kernels::attention_forward_cached(ctx_.f32(), qkv, kc.f32(), vc.f32(), n, past, NH_, NH_,
+                                    C_ / NH_, 3 * C_, C_);
   return c_proj_.forward(ctx_);
 }
 

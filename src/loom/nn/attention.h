@@ -17,6 +17,8 @@ class FusedQKVAttention {
                     float init_std, float proj_init_std);
   const Tensor& forward(const Tensor& x);
   void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
+  // Inference, batch 1: x [1, n, C] at positions past..; appends k, v to kc/vc [capacity, C].
+  const Tensor& forward_cached(const Tensor& x, const Tensor& kc, const Tensor& vc, int64_t past);
 
  private:
   Linear c_attn_, c_proj_;

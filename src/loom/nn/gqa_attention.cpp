@@ -1,5 +1,7 @@
 #include "loom/nn/gqa_attention.h"
 
+#include <cstring>
+
 #include "loom/kernels/cpu/attention.h"
 #include "loom/kernels/cpu/rope.h"
 #include "loom/util/error.h"
@@ -35,6 +37,23 @@ const Tensor& GqaAttention::forward(const Tensor& x, const Tensor& rope_cos,
   ensure(ctx_, {B, T, NH * D});
   kernels::AttnDims ad{B, T, NH, NKV, D, NH * D, NKV * D};
   kernels::attention_forward(ctx_.f32(), att_.f32(), q.f32(), k.f32(), v.f32(), ad);
+  return o_.forward(ctx_);
+}
+
+const Tensor& GqaAttention::forward_cached(const Tensor& x, const Tensor& rope_cos,
+                                           const Tensor& rope_sin, const Tensor& kc,
+                                           const Tensor& vc, int64_t past) {
+  const int64_t n = x.dim(1), D = d_.head_dim, NH = d_.n_head, NKV = d_.n_kv_head;
+  const Tensor& q = q_.forward(x);
+  const Tensor& k = k_.forward(x);
+  const Tensor& v = v_.forward(x);
+  kernels::rope_forward(q.f32(), rope_cos.f32(), rope_sin.f32(), n, NH, D, NH * D);
+  kernels::rope_forward(k.f32(), rope_cos.f32(), rope_sin.f32(), n, NKV, D, NKV * D);
+  std::memcpy(kc.f32() + past * NKV * D, k.f32(), n * NKV * D * sizeof(float));
+  std::memcpy(vc.f32() + past * NKV * D, v.f32(), n * NKV * D * sizeof(float));
+  ensure(ctx_, {1, n, NH * D});
+  kernels::attention_forward_cached(ctx_.f32(), q.f32(), kc.f32(), vc.f32(), n, past, NH, NKV, D,
+                                    NH * D, NKV * D);
   return o_.forward(ctx_);
 }
 

@@ -23,6 +23,10 @@ class GqaAttention {
   GqaAttention(ParamStore& ps, const std::string& name, const GqaDims& d, float init_std);
   const Tensor& forward(const Tensor& x, const Tensor& rope_cos, const Tensor& rope_sin);
   void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
+  // Inference, batch 1: x [1, n, C] at positions past.., rope tables [n, D/2]; appends the
+  // rotated keys and the values to kc/vc [capacity, NKV*D] at rows past..past+n-1.
+  const Tensor& forward_cached(const Tensor& x, const Tensor& rope_cos, const Tensor& rope_sin,
+                               const Tensor& kc, const Tensor& vc, int64_t past);
 
  private:
   GqaDims d_;

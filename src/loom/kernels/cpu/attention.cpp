@@ -96,4 +96,43 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   }
 }
 
+void attention_forward_cached(float* out, const float* q, const float* kc, const float* vc,
+                              int64_t n, int64_t past, int64_t NH, int64_t NKV, int64_t HD,
+                              int64_t q_stride, int64_t kv_stride) {
+  prof::ScopedPhase ph(prof::Phase::Attention);
+  const int64_t group = NH / NKV, C = NH * HD;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+#pragma omp parallel
+  {
+    std::vector<float> a(past + n);
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t h = 0; h < NH; ++h) {
+        const int64_t g = h / group, len = past + i + 1;
+        const float* qi = q + i * q_stride + h * HD;
+        float mx = -INFINITY;
+        for (int64_t s = 0; s < len; ++s) {
+          const float* ks = kc + s * kv_stride + g * HD;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < HD; ++d) dot += qi[d] * ks[d];
+          a[s] = dot * scale;
+          mx = std::max(mx, a[s]);
+        }
+        float sum = 0.0f;
+        for (int64_t s = 0; s < len; ++s) {
+          a[s] = vexp(a[s] - mx);
+          sum += a[s];
+        }
+        float* o = out + i * C + h * HD;
+        for (int64_t d = 0; d < HD; ++d) o[d] = 0.0f;
+        for (int64_t s = 0; s < len; ++s) {
+          const float* vs = vc + s * kv_stride + g * HD;
+          const float w = a[s] / sum;
+          for (int64_t d = 0; d < HD; ++d) o[d] += w * vs[d];
+        }
+      }
+    }
+  }
+}
+
 }  // namespace loom::kernels

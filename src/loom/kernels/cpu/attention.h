@@ -21,4 +21,12 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* att, const AttnDims& d);
 
+// Inference with a KV cache (batch 1): n new queries at absolute positions past..past+n-1
+// attend causally to cached keys/values rows [0, past + n).
+//   q[n, NH*HD] (row stride q_stride), kc/vc[past + n rows, NKV*HD] (row stride kv_stride),
+//   out[n, NH*HD]. scratch needs past + n floats per thread (allocated inside).
+void attention_forward_cached(float* out, const float* q, const float* kc, const float* vc,
+                              int64_t n, int64_t past, int64_t NH, int64_t NKV, int64_t HD,
+                              int64_t q_stride, int64_t kv_stride);
+
 }  // namespace loom::kernels
