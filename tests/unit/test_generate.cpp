@@ -35,6 +35,31 @@ TEST(Generate, CachedLogitsEqualFullForward) {
   }
 }
 
+TEST(Packing, PackedRowEqualsSeparateSequences) {
+  // Two samples packed in one row (positions restart at the second) give the logits each
+  // gives alone: no attention across samples, positions per sample.
+  for (const char* name : {"gpt2_tiny", "llama_tiny", "qwen2_tiny"}) {
+    auto model = io::load_hf_model(test::fixture_dir() / name);
+    const int64_t V = model->vocab_size(), T = 9, split = 4;
+    Tensor ids = Tensor::zeros({1, T}, DType::I32), pos = Tensor::zeros({1, T}, DType::I32);
+    for (int64_t i = 0; i < T; ++i) {
+      ids.i32()[i] = static_cast<int32_t>((i * 29 + 3) % V);
+      pos.i32()[i] = static_cast<int32_t>(i < split ? i : i - split);
+    }
+    const Tensor& packed_t = model->forward(ids, pos);
+    std::vector<float> packed(packed_t.f32(), packed_t.f32() + T * V);
+    double worst = 0;
+    for (auto [a, b] : {std::pair<int64_t, int64_t>{0, split}, {split, T}}) {
+      Tensor part = Tensor::zeros({1, b - a}, DType::I32);
+      std::copy(ids.i32() + a, ids.i32() + b, part.i32());
+      const Tensor& lg = model->forward(part);
+      for (int64_t i = 0; i < (b - a) * V; ++i)
+        worst = std::max(worst, double(std::fabs(lg.f32()[i] - packed[a * V + i])));
+    }
+    EXPECT_LT(worst, 1e-5) << name;
+  }
+}
+
 TEST(Generate, GreedyMatchesArgmaxOfFullForwardAndStops) {
   auto model = io::load_hf_model(test::fixture_dir() / "llama_tiny");
   std::vector<int32_t> prompt = {3, 14, 15, 92, 65};

@@ -89,6 +89,37 @@ void check_attention(int64_t NH, int64_t NKV) {
 }
 
 TEST(KernelGrad, AttentionMHA) { check_attention(4, 4); }
+
+TEST(KernelGrad, AttentionPackedRows) {
+  // Row 0 packs samples of lengths 2 and 3; row 1 is one sample.
+  const int64_t B = 2, T = 5, NH = 2, NKV = 1, HD = 4;
+  std::vector<int32_t> pos = {0, 1, 0, 1, 2, 0, 1, 2, 3, 4};
+  Tensor q = Tensor::zeros({B, T, NH * HD}), k = Tensor::zeros({B, T, NKV * HD}),
+         v = Tensor::zeros({B, T, NKV * HD});
+  Tensor dq = Tensor::zeros(q.shape()), dk = Tensor::zeros(k.shape()),
+         dv = Tensor::zeros(v.shape());
+  test::fill_normal(q, 21);
+  test::fill_normal(k, 22);
+  test::fill_normal(v, 23);
+  Tensor out = Tensor::zeros({B, T, NH * HD}), att = Tensor::zeros({B, NH, T, T});
+  kernels::AttnDims d{B, T, NH, NKV, HD, NH * HD, NKV * HD, pos.data()};
+  auto fwd = [&] {
+    kernels::attention_forward(out.f32(), att.f32(), q.f32(), k.f32(), v.f32(), d);
+    return out;
+  };
+  auto bwd = [&](const Tensor& dout) {
+    kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dout.f32(), q.f32(), k.f32(), v.f32(),
+                                att.f32(), d);
+  };
+  test::gradcheck(fwd, bwd, {{"q", q, dq}, {"k", k, dk}, {"v", v, dv}});
+  // Token 2 (first of the second sample) attends only to itself.
+  fwd();
+  for (int64_t h = 0; h < NH; ++h) {
+    EXPECT_EQ(att.f32()[(0 * NH + h) * T * T + 2 * T + 0], 0.0f);
+    EXPECT_EQ(att.f32()[(0 * NH + h) * T * T + 2 * T + 1], 0.0f);
+    EXPECT_FLOAT_EQ(att.f32()[(0 * NH + h) * T * T + 2 * T + 2], 1.0f);
+  }
+}
 TEST(KernelGrad, AttentionGQA) { check_attention(4, 2); }
 
 TEST(KernelGrad, AttentionIsCausal) {

@@ -133,7 +133,7 @@ TEST(ModuleGrad, GPT2Block) {
   Tensor x = Tensor::zeros({2, 4, 8}), dx = Tensor::zeros({2, 4, 8});
   test::fill_normal(x, 6);
   auto t = targets_of(ps, x, dx);
-  test::gradcheck([&] { return blk.forward(x); },
+  test::gradcheck([&] { return blk.forward(x, nullptr); },
                   [&](const Tensor& dy) {
                     dx.zero_();
                     blk.backward(dy, dx, scratch);

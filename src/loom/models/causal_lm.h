@@ -1,6 +1,6 @@
 // The interface every architecture implements, and what the trainer, the checkpoint I/O
 // and generation see of a model.
-//   forward : ids [B, T] (i32) -> logits [B, T, V]
+//   forward : ids [B, T] (i32), optional pos [B, T] -> logits [B, T, V]
 //   backward: targets [B, T] (i32, -100 = ignore) -> fused cross-entropy, then gradients of
 //             every trainable parameter accumulate, scaled by grad_scale. Consumes the
 //             logits buffer (it becomes dlogits). Returns the SUM of token losses.
@@ -31,7 +31,9 @@ class CausalLM {
  public:
   virtual ~CausalLM() = default;
   virtual nn::ParamStore& params() = 0;
-  virtual const Tensor& forward(const Tensor& ids) = 0;
+  // pos: optional position ids [B, T] (i32) for packed rows: positions restart at 0 where a
+  // packed sample starts, and attention stays inside each sample. Undefined: 0..T-1.
+  virtual const Tensor& forward(const Tensor& ids, const Tensor& pos = Tensor()) = 0;
   virtual double backward(const Tensor& targets, float grad_scale) = 0;
   virtual KVCache new_cache() const = 0;
   virtual const Tensor& forward_cached(const Tensor& ids, KVCache& cache) = 0;

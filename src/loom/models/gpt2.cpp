@@ -99,10 +99,10 @@ GPT2Block::GPT2Block(nn::ParamStore& ps, const std::string& name, const GPT2Conf
       mlp_(ps, name + ".mlp", c.n_embd, c.hidden(), c.initializer_range,
            c.initializer_range / std::sqrt(2.0f * c.n_layer)) {}
 
-const Tensor& GPT2Block::forward(const Tensor& x) {
+const Tensor& GPT2Block::forward(const Tensor& x, const int32_t* pos) {
   nn::ensure(r1_, x.shape());
   nn::ensure(out_, x.shape());
-  const Tensor& a = attn_.forward(ln_1_.forward(x));
+  const Tensor& a = attn_.forward(ln_1_.forward(x), pos);
   kernels::add(r1_.f32(), x.f32(), a.f32(), x.numel());
   const Tensor& m = mlp_.forward(ln_2_.forward(r1_));
   kernels::add(out_.f32(), r1_.f32(), m.f32(), x.numel());
@@ -155,22 +155,28 @@ bool GPT2::hf_ignorable(const std::string& name) const {
          name.ends_with(".attn.masked_bias");
 }
 
-const Tensor& GPT2::forward(const Tensor& ids) {
+const Tensor& GPT2::forward(const Tensor& ids, const Tensor& pos) {
   LOOM_CHECK(ids.ndim() == 2, "GPT2::forward: ids must be [B, T], got " + shape_str(ids.shape()));
   const int64_t B = ids.dim(0), T = ids.dim(1), C = cfg_.n_embd;
   LOOM_CHECK(T <= cfg_.n_positions, "sequence length " + std::to_string(T) +
                                         " exceeds the model's n_positions " +
                                         std::to_string(cfg_.n_positions));
   ids_ = ids;
-  if (!pos_.defined() || pos_.shape() != ids.shape()) {
+  const bool packed = pos.defined();
+  if (packed) {
+    LOOM_CHECK(pos.shape() == ids.shape(), "position ids " + shape_str(pos.shape()) +
+                                               " do not match ids " + shape_str(ids.shape()));
+    pos_ = pos;
+  } else if (!pos_.defined() || pos_.shape() != ids.shape() || pos_is_custom_) {
     pos_ = Tensor::zeros({B, T}, DType::I32);
     for (int64_t i = 0; i < B * T; ++i) pos_.i32()[i] = static_cast<int32_t>(i % T);
   }
+  pos_is_custom_ = packed;
   nn::ensure(x0_, {B, T, C});
   wte_.forward(ids.i32(), B * T, x0_, /*accumulate=*/false);
   wpe_.forward(pos_.i32(), B * T, x0_, /*accumulate=*/true);
   const Tensor* x = &x0_;
-  for (auto& blk : blocks_) x = &blk->forward(*x);
+  for (auto& blk : blocks_) x = &blk->forward(*x, packed ? pos_.i32() : nullptr);
   const Tensor& h = ln_f_->forward(*x);
   nn::ensure(logits_, {B, T, cfg_.vocab_size});
   kernels::matmul_forward(logits_.f32(), h.f32(), wte_.weight()->value.f32(), nullptr, B * T, C,

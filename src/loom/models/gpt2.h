@@ -36,7 +36,7 @@ struct GPT2Config {
 class GPT2Block {
  public:
   GPT2Block(nn::ParamStore& ps, const std::string& name, const GPT2Config& c);
-  const Tensor& forward(const Tensor& x);  // x [B, T, C] -> [B, T, C]
+  const Tensor& forward(const Tensor& x, const int32_t* pos);  // x [B, T, C] -> [B, T, C]
   void backward(const Tensor& dout, const Tensor& dx, nn::Scratch& scratch);
   const Tensor& forward_cached(const Tensor& x, const Tensor& kc, const Tensor& vc, int64_t past);
 
@@ -51,7 +51,7 @@ class GPT2 : public CausalLM {
  public:
   explicit GPT2(const GPT2Config& c);
   nn::ParamStore& params() override { return ps_; }
-  const Tensor& forward(const Tensor& ids) override;
+  const Tensor& forward(const Tensor& ids, const Tensor& pos = Tensor()) override;
   double backward(const Tensor& targets, float grad_scale) override;
   KVCache new_cache() const override;
   const Tensor& forward_cached(const Tensor& ids, KVCache& cache) override;
@@ -71,6 +71,7 @@ class GPT2 : public CausalLM {
   std::unique_ptr<nn::LayerNorm> ln_f_;  // built after the blocks: HF parameter order
   nn::Scratch scratch_;
   Tensor ids_, pos_, x0_, logits_;  // saved by forward
+  bool pos_is_custom_ = false;      // pos_ came from the caller (packed rows)
 };
 
 }  // namespace loom::models

@@ -118,10 +118,11 @@ LlamaBlock::LlamaBlock(nn::ParamStore& ps, const std::string& name, const LlamaC
           c.initializer_range),
       mlp_(ps, name + ".mlp", c.hidden_size, c.intermediate_size, c.initializer_range) {}
 
-const Tensor& LlamaBlock::forward(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+const Tensor& LlamaBlock::forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
+                                  const int32_t* pos) {
   nn::ensure(h_, x.shape());
   nn::ensure(out_, x.shape());
-  const Tensor& a = self_attn_.forward(input_layernorm_.forward(x), cos, sin);
+  const Tensor& a = self_attn_.forward(input_layernorm_.forward(x), cos, sin, pos);
   kernels::add(h_.f32(), x.f32(), a.f32(), x.numel());
   const Tensor& m = mlp_.forward(post_attention_layernorm_.forward(h_));
   kernels::add(out_.f32(), h_.f32(), m.f32(), x.numel());
@@ -171,14 +172,22 @@ bool Llama::hf_ignorable(const std::string& name) const {
   return (!lm_head_ && name == "lm_head.weight") || name.ends_with("rotary_emb.inv_freq");
 }
 
-const Tensor& Llama::forward(const Tensor& ids) {
+const Tensor& Llama::forward(const Tensor& ids, const Tensor& pos) {
   LOOM_CHECK(ids.ndim() == 2, "Llama::forward: ids must be [B, T], got " + shape_str(ids.shape()));
   const int64_t B = ids.dim(0), T = ids.dim(1), C = cfg_.hidden_size, half = cfg_.dim_head() / 2;
   LOOM_CHECK(T <= cfg_.max_position_embeddings, "sequence length " + std::to_string(T) +
                                                     " exceeds max_position_embeddings " +
                                                     std::to_string(cfg_.max_position_embeddings));
   ids_ = ids;
-  if (!pos_.defined() || pos_.shape() != ids.shape()) {
+  const bool packed = pos.defined();
+  if (packed) {
+    LOOM_CHECK(pos.shape() == ids.shape(), "position ids " + shape_str(pos.shape()) +
+                                               " do not match ids " + shape_str(ids.shape()));
+    pos_ = pos;
+    cos_ = Tensor::zeros({B * T, half});
+    sin_ = Tensor::zeros({B * T, half});
+    kernels::rope_tables(cos_.f32(), sin_.f32(), pos_.i32(), B * T, inv_freq_);
+  } else if (!pos_.defined() || pos_.shape() != ids.shape() || pos_is_custom_) {
     pos_ = Tensor::zeros({B, T}, DType::I32);
     for (int64_t i = 0; i < B * T; ++i) pos_.i32()[i] = static_cast<int32_t>(i % T);
     cos_ = Tensor::zeros({B * T, half});
@@ -188,7 +197,8 @@ const Tensor& Llama::forward(const Tensor& ids) {
   nn::ensure(x0_, {B, T, C});
   embed_.forward(ids.i32(), B * T, x0_, /*accumulate=*/false);
   const Tensor* x = &x0_;
-  for (auto& blk : layers_) x = &blk->forward(*x, cos_, sin_);
+  pos_is_custom_ = packed;
+  for (auto& blk : layers_) x = &blk->forward(*x, cos_, sin_, packed ? pos_.i32() : nullptr);
   const Tensor& h = norm_->forward(*x);
   nn::ensure(logits_, {B, T, cfg_.vocab_size});
   kernels::matmul_forward(logits_.f32(), h.f32(), head_weight()->value.f32(), nullptr, B * T, C,

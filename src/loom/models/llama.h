@@ -43,7 +43,7 @@ struct LlamaConfig {
 class LlamaBlock {
  public:
   LlamaBlock(nn::ParamStore& ps, const std::string& name, const LlamaConfig& c);
-  const Tensor& forward(const Tensor& x, const Tensor& cos, const Tensor& sin);
+  const Tensor& forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const int32_t* pos);
   void backward(const Tensor& dout, const Tensor& dx, nn::Scratch& scratch);
   const Tensor& forward_cached(const Tensor& x, const Tensor& cos, const Tensor& sin,
                                const Tensor& kc, const Tensor& vc, int64_t past);
@@ -59,7 +59,7 @@ class Llama : public CausalLM {
  public:
   explicit Llama(const LlamaConfig& c);
   nn::ParamStore& params() override { return ps_; }
-  const Tensor& forward(const Tensor& ids) override;
+  const Tensor& forward(const Tensor& ids, const Tensor& pos = Tensor()) override;
   double backward(const Tensor& targets, float grad_scale) override;
   KVCache new_cache() const override;
   const Tensor& forward_cached(const Tensor& ids, KVCache& cache) override;
@@ -83,6 +83,7 @@ class Llama : public CausalLM {
   std::vector<float> inv_freq_;
   nn::Scratch scratch_;
   Tensor ids_, pos_, cos_, sin_, x0_, logits_;
+  bool pos_is_custom_ = false;
 };
 
 }  // namespace loom::models

@@ -17,13 +17,14 @@ FusedQKVAttention::FusedQKVAttention(ParamStore& ps, const std::string& name, in
                                   " is not divisible by n_head " + std::to_string(n_head));
 }
 
-const Tensor& FusedQKVAttention::forward(const Tensor& x) {
+const Tensor& FusedQKVAttention::forward(const Tensor& x, const int32_t* pos) {
   const int64_t B = x.dim(0), T = x.dim(1);
   const Tensor& qkv = c_attn_.forward(x);  // [B, T, 3C]
   ensure(att_, {B, NH_, T, T});
   ensure(ctx_, {B, T, C_});
   const float* q = qkv.f32();
-  kernels::AttnDims d{B, T, NH_, NH_, C_ / NH_, 3 * C_, 3 * C_};
+  kernels::AttnDims d{B, T, NH_, NH_, C_ / NH_, 3 * C_, 3 * C_, pos};
+  pos_ = pos;
   kernels::attention_forward(ctx_.f32(), att_.f32(), q, q + C_, q + 2 * C_, d);
   return c_proj_.forward(ctx_);
 }
@@ -49,7 +50,7 @@ void FusedQKVAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& sc
   Tensor dqkv = scratch.zeros("attn.dqkv", {B, T, 3 * C_});
   const float* q = c_attn_.output().f32();  // qkv saved by forward
   float* dq = dqkv.f32();
-  kernels::AttnDims d{B, T, NH_, NH_, C_ / NH_, 3 * C_, 3 * C_};
+  kernels::AttnDims d{B, T, NH_, NH_, C_ / NH_, 3 * C_, 3 * C_, pos_};
   kernels::attention_backward(dq, dq + C_, dq + 2 * C_, dctx.f32(), q, q + C_, q + 2 * C_,
                               att_.f32(), d);
   c_attn_.backward(dqkv, dx);

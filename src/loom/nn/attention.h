@@ -15,7 +15,7 @@ class FusedQKVAttention {
  public:
   FusedQKVAttention(ParamStore& ps, const std::string& name, int64_t C, int64_t n_head,
                     float init_std, float proj_init_std);
-  const Tensor& forward(const Tensor& x);
+  const Tensor& forward(const Tensor& x, const int32_t* pos = nullptr);  // pos: packed rows
   void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
   // Inference, batch 1: x [1, n, C] at positions past..; appends k, v to kc/vc [capacity, C].
   const Tensor& forward_cached(const Tensor& x, const Tensor& kc, const Tensor& vc, int64_t past);
@@ -24,6 +24,7 @@ class FusedQKVAttention {
   Linear c_attn_, c_proj_;
   int64_t C_, NH_;
   Tensor att_, ctx_;
+  const int32_t* pos_ = nullptr;  // the forward's position ids (owned by the model)
 };
 
 }  // namespace loom::nn

@@ -21,8 +21,8 @@ GqaAttention::GqaAttention(ParamStore& ps, const std::string& name, const GqaDim
   LOOM_CHECK(d.head_dim % 2 == 0, name + ": head_dim must be even for rotary embeddings");
 }
 
-const Tensor& GqaAttention::forward(const Tensor& x, const Tensor& rope_cos,
-                                    const Tensor& rope_sin) {
+const Tensor& GqaAttention::forward(const Tensor& x, const Tensor& rope_cos, const Tensor& rope_sin,
+                                    const int32_t* pos) {
   const int64_t B = x.dim(0), T = x.dim(1), D = d_.head_dim, NH = d_.n_head, NKV = d_.n_kv_head;
   // The projections' outputs are rotated in place: the rotated q, k are what attention and
   // its backward need, and the un-rotated values are never used again.
@@ -35,7 +35,8 @@ const Tensor& GqaAttention::forward(const Tensor& x, const Tensor& rope_cos,
   kernels::rope_forward(k.f32(), rope_cos.f32(), rope_sin.f32(), B * T, NKV, D, NKV * D);
   ensure(att_, {B, NH, T, T});
   ensure(ctx_, {B, T, NH * D});
-  kernels::AttnDims ad{B, T, NH, NKV, D, NH * D, NKV * D};
+  kernels::AttnDims ad{B, T, NH, NKV, D, NH * D, NKV * D, pos};
+  pos_ = pos;
   kernels::attention_forward(ctx_.f32(), att_.f32(), q.f32(), k.f32(), v.f32(), ad);
   return o_.forward(ctx_);
 }
@@ -65,7 +66,7 @@ void GqaAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch
   Tensor dq = scratch.zeros("gqa.dq", {B, T, NH * D});
   Tensor dk = scratch.zeros("gqa.dk", {B, T, NKV * D});
   Tensor dv = scratch.zeros("gqa.dv", {B, T, NKV * D});
-  kernels::AttnDims ad{B, T, NH, NKV, D, NH * D, NKV * D};
+  kernels::AttnDims ad{B, T, NH, NKV, D, NH * D, NKV * D, pos_};
   kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dctx.f32(), q_.output().f32(),
                               k_.output().f32(), v_.output().f32(), att_.f32(), ad);
   kernels::rope_backward(dq.f32(), cos_.f32(), sin_.f32(), B * T, NH, D, NH * D);

@@ -21,7 +21,9 @@ struct GqaDims {
 class GqaAttention {
  public:
   GqaAttention(ParamStore& ps, const std::string& name, const GqaDims& d, float init_std);
-  const Tensor& forward(const Tensor& x, const Tensor& rope_cos, const Tensor& rope_sin);
+  // pos: position ids of packed rows (restricts attention to each sample), or nullptr.
+  const Tensor& forward(const Tensor& x, const Tensor& rope_cos, const Tensor& rope_sin,
+                        const int32_t* pos = nullptr);
   void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
   // Inference, batch 1: x [1, n, C] at positions past.., rope tables [n, D/2]; appends the
   // rotated keys and the values to kc/vc [capacity, NKV*D] at rows past..past+n-1.
@@ -31,7 +33,8 @@ class GqaAttention {
  private:
   GqaDims d_;
   Linear q_, k_, v_, o_;
-  Tensor q_rot_, k_rot_, att_, ctx_, cos_, sin_;
+  Tensor att_, ctx_, cos_, sin_;
+  const int32_t* pos_ = nullptr;
 };
 
 }  // namespace loom::nn

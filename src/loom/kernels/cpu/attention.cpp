@@ -8,6 +8,15 @@
 
 namespace loom::kernels {
 
+namespace {
+// First key position token t of row b may attend to: its packed sample's start.
+inline int64_t first_key(const AttnDims& d, int64_t b, int64_t t) {
+  if (!d.pos) return 0;
+  const int64_t p = d.pos[b * d.T + t];
+  return p <= t ? t - p : 0;
+}
+}  // namespace
+
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
                        const AttnDims& d) {
   prof::ScopedPhase ph(prof::Phase::Attention);
@@ -21,8 +30,10 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
       for (int64_t t = 0; t < T; ++t) {
         const float* qt = q + (b * T + t) * d.q_stride + h * HD;
         float* a = a_bh + t * T;
+        const int64_t s0 = first_key(d, b, t);
+        for (int64_t s = 0; s < s0; ++s) a[s] = 0.0f;
         float mx = -INFINITY;
-        for (int64_t s = 0; s <= t; ++s) {
+        for (int64_t s = s0; s <= t; ++s) {
           const float* ks = k + (b * T + s) * d.kv_stride + g * HD;
           float dot = 0.0f;
           for (int64_t i = 0; i < HD; ++i) dot += qt[i] * ks[i];
@@ -30,16 +41,16 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
           mx = std::max(mx, a[s]);
         }
         float sum = 0.0f;
-        for (int64_t s = 0; s <= t; ++s) {
+        for (int64_t s = s0; s <= t; ++s) {
           a[s] = vexp(a[s] - mx);
           sum += a[s];
         }
         const float inv = 1.0f / sum;
-        for (int64_t s = 0; s <= t; ++s) a[s] *= inv;
+        for (int64_t s = s0; s <= t; ++s) a[s] *= inv;
         for (int64_t s = t + 1; s < T; ++s) a[s] = 0.0f;
         float* o = out + (b * T + t) * C + h * HD;
         for (int64_t i = 0; i < HD; ++i) o[i] = 0.0f;
-        for (int64_t s = 0; s <= t; ++s) {
+        for (int64_t s = s0; s <= t; ++s) {
           const float* vs = v + (b * T + s) * d.kv_stride + g * HD;
           const float w = a[s];
           for (int64_t i = 0; i < HD; ++i) o[i] += w * vs[i];
@@ -65,9 +76,10 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         for (int64_t t = 0; t < T; ++t) {
           const float* a = a_bh + t * T;
           const float* dot_ = dout + (b * T + t) * C + h * HD;
+          const int64_t s0 = first_key(d, b, t);
           // datt[s] = dout_t . v_s ; dv_s += a[s] * dout_t
           float dsum = 0.0f;
-          for (int64_t s = 0; s <= t; ++s) {
+          for (int64_t s = s0; s <= t; ++s) {
             const float* vs = v + (b * T + s) * d.kv_stride + g * HD;
             float* dvs = dv + (b * T + s) * d.kv_stride + g * HD;
             float dd = 0.0f;
@@ -81,7 +93,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           // softmax backward, then through the scaled dot product
           const float* qt = q + (b * T + t) * d.q_stride + h * HD;
           float* dqt = dq + (b * T + t) * d.q_stride + h * HD;
-          for (int64_t s = 0; s <= t; ++s) {
+          for (int64_t s = s0; s <= t; ++s) {
             const float gs = a[s] * (dpre[s] - dsum) * scale;
             const float* ks = k + (b * T + s) * d.kv_stride + g * HD;
             float* dks = dk + (b * T + s) * d.kv_stride + g * HD;

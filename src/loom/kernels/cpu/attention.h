@@ -4,6 +4,9 @@
 //   q[(b*T + t)*q_stride + h*HD + i],  k/v[(b*T + t)*kv_stride + g*HD + i], g = h / (NH/NKV)
 //   out[B*T, NH*HD] (contiguous), att[B, NH, T, T] saved softmax probabilities (row t holds
 //   t+1 valid entries; the rest are zero).
+// Packed sequences: with pos (position ids [B*T], restarting at 0 where a packed sample
+// starts) token t attends only to s in [t - pos[t], t], i.e. within its own sample; with
+// pos == nullptr the whole row is one sequence.
 // Backward accumulates into dq/dk/dv, which share the strides of q and k/v.
 #pragma once
 
@@ -14,6 +17,7 @@ namespace loom::kernels {
 struct AttnDims {
   int64_t B, T, NH, NKV, HD;
   int64_t q_stride, kv_stride;
+  const int32_t* pos = nullptr;
 };
 
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
