@@ -1,0 +1,43 @@
+// Chat templates: a Conversation rendered to text segments, each marked trainable or not.
+// By default only what the assistant says (its content and the template's end-of-turn
+// marker) is trained on, as in HF TRL's assistant-only loss.
+//   chatml : <|im_start|>{role}\n{content}<|im_end|>\n         (SmolLM2, Qwen)
+//   llama3 : <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>
+//   plain  : {user}\n{assistant}{eos}                           (GPT-2: no chat markup)
+// Plain text ("text" messages) is one trainable segment followed by eos.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "loom/data/conversation.h"
+
+namespace loom::data {
+
+enum class ChatTemplate { ChatML, Llama3, Plain };
+
+struct TemplateOptions {
+  std::string default_system;  // inserted when a conversation has no system message
+  std::string eos_text;        // plain template's end of a sample (e.g. "<|endoftext|>")
+  bool train_on_prompt = false;
+};
+
+struct Segment {
+  std::string text;
+  bool train;
+};
+
+ChatTemplate parse_template_name(const std::string& name);  // chatml | llama3 | plain
+const char* template_name(ChatTemplate t);
+
+// Guesses the template from a model's Jinja chat_template string (empty: plain), and the
+// default system prompt it inserts when there is none (e.g. SmolLM2's, Qwen's).
+ChatTemplate template_from_jinja(const std::string& jinja, std::string* default_system);
+
+std::vector<Segment> render_chat(ChatTemplate t, const Conversation& c, const TemplateOptions& o);
+// The text that opens an assistant turn, appended after the last user message to generate.
+std::string generation_prompt(ChatTemplate t);
+// The text that ends an assistant turn (a stop string for generation).
+std::string end_of_turn(ChatTemplate t, const TemplateOptions& o);
+
+}  // namespace loom::data

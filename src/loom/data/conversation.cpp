@@ -1,0 +1,192 @@
+#include "loom/data/conversation.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "loom/util/error.h"
+
+namespace loom::data {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const std::string& str_field(const json& r, const char* key, bool required,
+                             const std::string& empty) {
+  if (!r.contains(key) || r[key].is_null()) {
+    if (required) throw Error(std::string("missing string field '") + key + "'");
+    return empty;
+  }
+  if (!r[key].is_string()) throw Error(std::string("field '") + key + "' must be a string");
+  return r[key].get_ref<const std::string&>();
+}
+
+std::string detect(const json& r) {
+  if (!r.is_object()) throw Error("a record must be a JSON object");
+  if (r.contains("messages")) return "messages";
+  if (r.contains("conversations")) return "sharegpt";
+  if (r.contains("instruction")) return "alpaca";
+  if (r.contains("prompt")) return "prompt_response";
+  throw Error(
+      "cannot tell the format from the keys (expected prompt/response, "
+      "instruction/output, conversations or messages)");
+}
+
+Conversation convert(const json& r, const std::string& format) {
+  if (!r.is_object()) throw Error("a record must be a JSON object");
+  const std::string none;
+  Conversation c;
+  auto add = [&](const std::string& role, const std::string& content) {
+    c.messages.push_back({role, content});
+  };
+  if (format == "prompt_response" || format == "alpaca") {
+    const std::string& sys = str_field(r, "system", false, none);
+    if (!sys.empty()) add("system", sys);
+    if (format == "prompt_response" && r.contains("history") && !r["history"].is_null()) {
+      const json& h = r["history"];
+      if (!h.is_array()) throw Error("field 'history' must be a list of [prompt, response]");
+      for (const auto& turn : h) {
+        if (!turn.is_array() || turn.size() != 2 || !turn[0].is_string() || !turn[1].is_string())
+          throw Error("each 'history' entry must be [prompt, response] strings");
+        add("user", turn[0].get<std::string>());
+        add("assistant", turn[1].get<std::string>());
+      }
+    }
+    if (format == "prompt_response") {
+      add("user", str_field(r, "prompt", true, none));
+      add("assistant", str_field(r, "response", true, none));
+    } else {
+      std::string user = str_field(r, "instruction", true, none);
+      const std::string& input = str_field(r, "input", false, none);
+      if (!input.empty()) user += "\n" + input;
+      add("user", user);
+      add("assistant", str_field(r, "output", true, none));
+    }
+  } else if (format == "sharegpt" || format == "messages") {
+    const bool sg = format == "sharegpt";
+    const char* list = sg ? "conversations" : "messages";
+    const char* rk = sg ? "from" : "role";
+    const char* ck = sg ? "value" : "content";
+    if (sg) {
+      const std::string& sys = str_field(r, "system", false, none);
+      if (!sys.empty()) add("system", sys);
+    }
+    if (!r.contains(list) || !r[list].is_array() || r[list].empty())
+      throw Error(std::string("field '") + list + "' must be a non-empty list");
+    for (const auto& m : r[list]) {
+      if (!m.is_object()) throw Error(std::string("entries of '") + list + "' must be objects");
+      std::string role = str_field(m, rk, true, none);
+      if (role == "human") role = "user";
+      if (role == "gpt") role = "assistant";
+      if (role != "system" && role != "user" && role != "assistant")
+        throw Error("unknown role '" + role + "'");
+      add(role, str_field(m, ck, true, none));
+    }
+  } else {
+    throw Error("unknown data format '" + format + "'");
+  }
+  bool has_assistant = false;
+  for (auto& m : c.messages) has_assistant |= m.role == "assistant";
+  if (!has_assistant) throw Error("no assistant message to learn from");
+  return c;
+}
+
+// Line number (1-based) of byte offset `at` in text.
+size_t line_of(const std::string& text, size_t at) {
+  size_t line = 1;
+  for (size_t i = 0; i < at && i < text.size(); ++i) line += text[i] == '\n';
+  return line;
+}
+
+}  // namespace
+
+std::vector<Conversation> read_conversations(const fs::path& path, const std::string& format_in,
+                                             OnError on_error, ReadStats* stats) {
+  std::ifstream in(path, std::ios::binary);
+  LOOM_CHECK(in.good(), path.string() + ": cannot open data file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  ReadStats local;
+  ReadStats& st = stats ? *stats : local;
+  st = ReadStats{};
+  std::vector<Conversation> out;
+
+  const size_t first = text.find_first_not_of(" \t\r\n\xef\xbb\xbf");
+  const bool looks_json = first != std::string::npos && (text[first] == '[' || text[first] == '{');
+  std::string format = format_in;
+  if (format == "text" || (format == "auto" && !looks_json)) {
+    st.format = "text";
+    std::istringstream lines(text);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.empty()) continue;
+      out.push_back(Conversation{{{"text", line}}});
+      ++st.records;
+    }
+    LOOM_CHECK(!out.empty(), path.string() + ": no text");
+    return out;
+  }
+
+  // Records with where-they-came-from, for error messages.
+  std::vector<std::pair<json, std::string>> records;
+  if (text[first] == '[') {
+    json arr;
+    try {
+      arr = json::parse(text);
+    } catch (const json::parse_error& e) {
+      throw Error(path.string() + ":" + std::to_string(line_of(text, e.byte)) +
+                  ": malformed JSON: " + e.what());
+    }
+    LOOM_CHECK(arr.is_array(), path.string() + ": expected a JSON array of records");
+    for (size_t i = 0; i < arr.size(); ++i)
+      records.emplace_back(std::move(arr[i]), path.string() + ": record " + std::to_string(i));
+  } else {
+    size_t pos = 0, line = 0;
+    while (pos <= text.size()) {
+      size_t nl = text.find('\n', pos);
+      if (nl == std::string::npos) nl = text.size();
+      ++line;
+      const std::string where = path.string() + ":" + std::to_string(line);
+      const std::string_view l(text.data() + pos, nl - pos);
+      if (l.find_first_not_of(" \t\r") != std::string_view::npos) {
+        try {
+          records.emplace_back(json::parse(l), where);
+        } catch (const json::parse_error& e) {
+          const std::string msg = where + ": malformed JSON line: " + e.what();
+          if (on_error == OnError::Stop) throw Error(msg);
+          ++st.skipped;
+          if (st.first_errors.size() < 5) st.first_errors.push_back(msg);
+        }
+      }
+      pos = nl + 1;
+    }
+  }
+  LOOM_CHECK(!records.empty() || st.skipped > 0, path.string() + ": no records");
+  if (format == "auto") {
+    try {
+      format = detect(records.at(0).first);
+    } catch (const Error& e) {
+      throw Error(records.at(0).second + ": " + e.what());
+    }
+  }
+  st.format = format;
+  for (auto& [r, where] : records) {
+    try {
+      out.push_back(convert(r, format));
+      ++st.records;
+    } catch (const Error& e) {
+      const std::string msg = where + ": " + e.what();
+      if (on_error == OnError::Stop) throw Error(msg + " (format " + format + ")");
+      ++st.skipped;
+      if (st.first_errors.size() < 5) st.first_errors.push_back(msg);
+    }
+  }
+  LOOM_CHECK(!out.empty(), path.string() + ": every record was malformed (" +
+                               std::to_string(st.skipped) + " skipped)");
+  return out;
+}
+
+}  // namespace loom::data
