@@ -6,7 +6,10 @@ JOBS ?= 2
 REF_VENV ?= $(HOME)/.cache/loom/ref-venv
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: all deps build build-asan demo test test-asan bench fixtures check-demo-checkpoint format clean
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 600
+
+.PHONY: all deps build build-asan demo test test-asan bench fixtures check-demo-checkpoint fuzz format clean
 
 all: build
 
@@ -51,6 +54,20 @@ fixtures:
 check-demo-checkpoint: build
 	bash scripts/ref_venv.sh $(REF_VENV)
 	$(REF_VENV)/bin/python scripts/check_hf_checkpoint.py out/demo-gpt2-wiki/checkpoint-final --loom $(BUILD)/loom
+
+# libFuzzer + ASan/UBSan on every parser in fuzz/ (clang), FUZZ_SECONDS each (default 600),
+# seeded from tiny valid files (fuzz/make_seeds.py). Findings land in $(FUZZ_BUILD)/findings.
+fuzz: deps
+	@bash scripts/install_deps.sh --fuzz
+	@CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_FUZZ=ON -DLOOM_BUILD_TESTS=OFF > /dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	@python3 fuzz/make_seeds.py $(FUZZ_BUILD)/seeds
+	@mkdir -p $(FUZZ_BUILD)/findings
+	@for f in $(FUZZ_BUILD)/fuzz_*; do t=$$(basename $$f | sed 's/^fuzz_//'); \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$t; cp -n $(FUZZ_BUILD)/seeds/$$t/* $(FUZZ_BUILD)/corpus/$$t/ 2>/dev/null; \
+	  echo "== fuzz $$t for $(FUZZ_SECONDS)s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -artifact_prefix=$(FUZZ_BUILD)/findings/$$t- \
+	    $(FUZZ_BUILD)/corpus/$$t 2>&1 | tail -3 || exit 1; done
 
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h')

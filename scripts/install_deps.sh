@@ -2,7 +2,9 @@
 # Installs the Debian packages Loom builds against. Idempotent: does nothing when all
 # are present. Runs as root (CI and the dev machines) or through sudo.
 set -euo pipefail
+# --fuzz adds clang and its libFuzzer runtime (for `make fuzz`).
 pkgs=(cmake g++ make pkg-config libopenblas-openmp-dev nlohmann-json3-dev libgtest-dev)
+[ "${1:-}" = "--fuzz" ] && pkgs+=(clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -104,6 +104,19 @@ TEST(Conversation, SkipModeCountsBadRecords) {
   EXPECT_EQ(st.first_errors.size(), 2u);
 }
 
+TEST(Conversation, AllLinesMalformedInSkipModeIsAnError) {
+  // Found by fuzz_dataset: skip mode with no parseable line once reached past the end.
+  test::TempDir d;
+  fs::path p = write(d, "junk.jsonl", "{\"messages\":ssistant\"}\n{also bad\n");
+  data::ReadStats st;
+  try {
+    data::read_conversations(p, "messages", data::OnError::Skip, &st);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("junk.jsonl"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ChatTemplates, ChatMLTrainsOnlyAssistantText) {
   Conversation c{{{"user", "hi"}, {"assistant", "hello"}}};
   data::TemplateOptions o;

@@ -164,7 +164,10 @@ std::vector<Conversation> read_conversations(const fs::path& path, const std::st
       pos = nl + 1;
     }
   }
-  LOOM_CHECK(!records.empty() || st.skipped > 0, path.string() + ": no records");
+  LOOM_CHECK(!records.empty(),
+             path.string() + (st.skipped > 0 ? ": every line was malformed JSON (" +
+                                                   std::to_string(st.skipped) + " skipped)"
+                                             : std::string(": no records")));
   if (format == "auto") {
     try {
       format = detect(records.at(0).first);

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Writes tiny valid inputs as seed corpora for the fuzz targets: fuzz/make_seeds.py OUT_DIR.
+Uses only the standard library (no torch), so `make fuzz` runs anywhere."""
+import json, os, shutil, struct, sys
+
+out = sys.argv[1]
+root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def seed(target, name, data):
+    d = os.path.join(out, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def safetensors(tensors, metadata=None):
+    header, blob = {}, b""
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(blob), len(blob) + len(raw)]}
+        blob += raw
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + blob
+
+
+seed("safetensors", "f32", safetensors({"a": ("F32", [2, 2], struct.pack("<4f", 1, 2, 3, 4))}, {"format": "pt"}))
+seed("safetensors", "mixed", safetensors({
+    "h": ("F16", [3], struct.pack("<3H", 0x3C00, 0x8001, 0x7C00)),
+    "b": ("BF16", [2], struct.pack("<2H", 0x3F80, 0xFF80)),
+    "i": ("I64", [1], struct.pack("<q", -5)), "z": ("F32", [0, 3], b"")}))
+seed("safetensors", "empty", safetensors({}))
+
+seed("dataset", "pr.json", json.dumps([{"prompt": "你好", "response": "您好", "system": "s",
+                                        "history": [["q", "a"]]}], ensure_ascii=False))
+seed("dataset", "alpaca.json", json.dumps([{"instruction": "i", "input": "x", "output": "o"}]))
+seed("dataset", "sharegpt.jsonl", json.dumps({"conversations": [{"from": "human", "value": "h"},
+                                                                {"from": "gpt", "value": "g"}]}) + "\n")
+seed("dataset", "messages.jsonl", json.dumps({"messages": [{"role": "user", "content": "u"},
+                                                           {"role": "assistant", "content": "😀"}]}) + "\n")
+seed("dataset", "text.txt", "plain text line\nanother line\n")
+
+# Targets whose seeds are fixtures other parts of the test suite make.
+for target, rel in [("gguf", "tests/fixtures/gguf/tiny.gguf"),
+                    ("tokenizer", "tests/fixtures/tokenizers/gpt2_style.json"),
+                    ("tokenizer", "tests/fixtures/tokenizers/llama3_style.json")]:
+    src = os.path.join(root, rel)
+    if os.path.exists(src):
+        os.makedirs(os.path.join(out, target), exist_ok=True)
+        shutil.copy(src, os.path.join(out, target, os.path.basename(rel)))
+print("fuzz seeds in", out)
