@@ -28,6 +28,10 @@ void ByteTextDataset::get(int64_t index, int32_t* ids, int32_t* targets) const {
   }
 }
 
+void Dataset::get_positions(int64_t, int32_t* pos) const {
+  for (int64_t t = 0; t < seq_len(); ++t) pos[t] = static_cast<int32_t>(t);
+}
+
 TensorDataset::TensorDataset(std::vector<int32_t> ids, std::vector<int32_t> targets,
                              int64_t seq_len)
     : ids_(std::move(ids)), targets_(std::move(targets)), T_(seq_len) {

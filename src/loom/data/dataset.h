@@ -1,5 +1,6 @@
-// Datasets yield fixed-length training samples: ids [T] and aligned targets [T]
-// (targets[t] is the label for position t; -100 = no loss). A dataset is indexable so
+// Datasets yield fixed-length training samples: ids [T], aligned targets [T]
+// (targets[t] is the label for position t; -100 = no loss) and position ids [T] (0..T-1,
+// or restarting where a packed row starts its next sample). A dataset is indexable so
 // that the sampler, not the dataset, decides which rank sees which sample.
 #pragma once
 
@@ -17,6 +18,9 @@ class Dataset {
   virtual int64_t size() const = 0;  // number of samples in one epoch
   virtual int64_t seq_len() const = 0;
   virtual void get(int64_t index, int32_t* ids, int32_t* targets) const = 0;
+  // Packed datasets override both: the model then gets explicit position ids.
+  virtual bool packed() const { return false; }
+  virtual void get_positions(int64_t index, int32_t* pos) const;
 };
 
 // Plain text with one token per byte (vocab 256): the file is cut into consecutive

@@ -36,10 +36,15 @@ int64_t Sampler::sample_at(int64_t k) const {
 
 MicroBatch Sampler::micro_batch(int64_t step, int64_t micro) const {
   const int64_t T = ds_.seq_len();
-  MicroBatch mb{Tensor::zeros({mbs_, T}, DType::I32), Tensor::zeros({mbs_, T}, DType::I32)};
+  MicroBatch mb{Tensor::zeros({mbs_, T}, DType::I32), Tensor::zeros({mbs_, T}, DType::I32),
+                Tensor()};
   const int64_t first = step * global_batch() + (micro * dp_ + rank_) * mbs_;
-  for (int64_t i = 0; i < mbs_; ++i)
-    ds_.get(sample_at(first + i), mb.ids.i32() + i * T, mb.targets.i32() + i * T);
+  if (ds_.packed()) mb.pos = Tensor::zeros({mbs_, T}, DType::I32);
+  for (int64_t i = 0; i < mbs_; ++i) {
+    const int64_t idx = sample_at(first + i);
+    ds_.get(idx, mb.ids.i32() + i * T, mb.targets.i32() + i * T);
+    if (ds_.packed()) ds_.get_positions(idx, mb.pos.i32() + i * T);
+  }
   return mb;
 }
 

@@ -16,6 +16,7 @@ namespace loom::data {
 struct MicroBatch {
   Tensor ids;      // [mbs, T] i32
   Tensor targets;  // [mbs, T] i32
+  Tensor pos;      // [mbs, T] i32 position ids; undefined unless the dataset is packed
 };
 
 class Sampler {

@@ -81,7 +81,7 @@ StepStats Trainer::step() {
   ps.zero_grads();
   double loss_sum = 0.0;
   for (auto& mb : micro) {
-    model_->forward(mb.ids);
+    model_->forward(mb.ids, mb.pos);
     loss_sum += model_->backward(mb.targets, grad_scale);
   }
   st.loss = loss_sum / std::max<int64_t>(st.target_tokens, 1);
