@@ -42,7 +42,7 @@ class CliErrors : public ::testing::Test {
     write(data, std::string(4000, 'a'));
     fs::path cfg = tmp.path / "cfg.json";
     write(cfg, "{\"model\": " + model_json + ", \"data\": {\"path\": \"" + data.string() +
-                   "\", \"seq_len\": 8}, \"train_steps\": 1, \"output_dir\": \"" + out().string() +
+                   "\", \"seq_len\": 8, \"tokenizer\": \"bytes\"}, \"train_steps\": 1, \"output_dir\": \"" + out().string() +
                    "\"" + extra + "}");
     return cfg.string();
   }

@@ -8,24 +8,21 @@
 
 namespace loom::data {
 
-ByteTextDataset::ByteTextDataset(const std::filesystem::path& path, int64_t seq_len) : T_(seq_len) {
+TokenWindowDataset::TokenWindowDataset(std::vector<int32_t> tokens, int64_t seq_len,
+                                       const std::string& what)
+    : tokens_(std::move(tokens)), T_(seq_len) {
   LOOM_CHECK(seq_len > 0, "data.seq_len must be positive");
-  std::ifstream in(path, std::ios::binary);
-  LOOM_CHECK(in.good(), path.string() + ": cannot open data file");
-  bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  n_windows_ = bytes_.empty() ? 0 : (static_cast<int64_t>(bytes_.size()) - 1) / T_;
-  LOOM_CHECK(n_windows_ > 0, path.string() + ": " + std::to_string(bytes_.size()) +
-                                 " bytes is too short for one sample of seq_len " +
+  n_windows_ = tokens_.empty() ? 0 : (static_cast<int64_t>(tokens_.size()) - 1) / T_;
+  LOOM_CHECK(n_windows_ > 0, what + ": " + std::to_string(tokens_.size()) +
+                                 " tokens is too short for one sample of seq_len " +
                                  std::to_string(T_) + " + 1");
 }
 
-void ByteTextDataset::get(int64_t index, int32_t* ids, int32_t* targets) const {
+void TokenWindowDataset::get(int64_t index, int32_t* ids, int32_t* targets) const {
   LOOM_CHECK(index >= 0 && index < n_windows_, "sample index out of range");
-  const uint8_t* w = bytes_.data() + index * T_;
-  for (int64_t t = 0; t < T_; ++t) {
-    ids[t] = w[t];
-    targets[t] = w[t + 1];
-  }
+  const int32_t* w = tokens_.data() + index * T_;
+  std::copy(w, w + T_, ids);
+  std::copy(w + 1, w + T_ + 1, targets);
 }
 
 void Dataset::get_positions(int64_t, int32_t* pos) const {

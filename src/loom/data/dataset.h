@@ -23,18 +23,19 @@ class Dataset {
   virtual void get_positions(int64_t index, int32_t* pos) const;
 };
 
-// Plain text with one token per byte (vocab 256): the file is cut into consecutive
-// windows of seq_len + 1 bytes, overlapping by one so every byte is a target once.
-class ByteTextDataset : public Dataset {
+// A token stream (continued pre-training on plain text) cut into consecutive windows of
+// seq_len + 1 tokens, overlapping by one so every token is a target once.
+class TokenWindowDataset : public Dataset {
  public:
-  ByteTextDataset(const std::filesystem::path& path, int64_t seq_len);
+  // `what` names the source in errors (the text file).
+  TokenWindowDataset(std::vector<int32_t> tokens, int64_t seq_len, const std::string& what);
   int64_t size() const override { return n_windows_; }
   int64_t seq_len() const override { return T_; }
   void get(int64_t index, int32_t* ids, int32_t* targets) const override;
-  int64_t num_bytes() const { return static_cast<int64_t>(bytes_.size()); }
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
 
  private:
-  std::vector<uint8_t> bytes_;
+  std::vector<int32_t> tokens_;
   int64_t T_, n_windows_;
 };
 

@@ -90,7 +90,7 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
   r.only(j, {"model", "data", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
              "train_batch_size", "train_steps", "seed", "output_dir", "optimizer", "scheduler",
              "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "no_decay",
-             "zero_optimization", "fp16", "bf16"});
+             "eval_interval", "zero_optimization", "fp16", "bf16"});
   TrainConfig c;
   c.raw = j;
   LOOM_CHECK(j.contains("model"), where + ": config key 'model' is required");
@@ -100,17 +100,38 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
 
   LOOM_CHECK(j.contains("data"), where + ": config key 'data' is required");
   Reader rd{where, "data."};
-  rd.only(j["data"], {"path", "format", "seq_len", "tokenizer", "shuffle"});
-  c.data.path = rd.string(j["data"], "path", "");
+  const json& d = j["data"];
+  rd.only(d, {"path", "format", "seq_len", "tokenizer", "shuffle", "template", "pack",
+              "train_on_prompt", "valid_fraction", "valid_path", "on_error", "cache_dir"});
+  c.data.path = rd.string(d, "path", "");
   LOOM_CHECK(!c.data.path.empty(), where + ": config key 'data.path' is required");
-  c.data.format = rd.string(j["data"], "format", "text");
-  LOOM_CHECK(c.data.format == "text",
-             rd.key("format") + ": '" + c.data.format + "' is not supported yet (text)");
-  c.data.tokenizer = rd.string(j["data"], "tokenizer", "bytes");
-  LOOM_CHECK(c.data.tokenizer == "bytes",
-             rd.key("tokenizer") + ": '" + c.data.tokenizer + "' is not supported yet (bytes)");
-  c.data.seq_len = rd.integer(j["data"], "seq_len", 128, 1);
-  c.data.shuffle = rd.boolean(j["data"], "shuffle", true);
+  auto one_of = [&](const std::string& key, const std::string& v,
+                    std::initializer_list<const char*> ok) {
+    std::string list;
+    for (const char* o : ok) {
+      if (v == o) return;
+      list += (list.empty() ? "" : ", ") + std::string(o);
+    }
+    throw Error(rd.key(key) + ": '" + v + "' is not one of " + list);
+  };
+  c.data.format = rd.string(d, "format", "auto");
+  one_of("format", c.data.format,
+         {"auto", "text", "prompt_response", "alpaca", "sharegpt", "messages"});
+  c.data.tokenizer = rd.string(d, "tokenizer", "model");
+  one_of("tokenizer", c.data.tokenizer, {"model", "bytes"});
+  c.data.chat_template = rd.string(d, "template", "auto");
+  one_of("template", c.data.chat_template, {"auto", "chatml", "llama3", "plain"});
+  c.data.seq_len = rd.integer(d, "seq_len", 128, 1);
+  c.data.shuffle = rd.boolean(d, "shuffle", true);
+  c.data.pack = rd.boolean(d, "pack", false);
+  c.data.train_on_prompt = rd.boolean(d, "train_on_prompt", false);
+  c.data.valid_fraction = rd.number(d, "valid_fraction", 0.0);
+  LOOM_CHECK(c.data.valid_fraction >= 0.0 && c.data.valid_fraction < 1.0,
+             rd.key("valid_fraction") + " must be in [0, 1)");
+  c.data.valid_path = rd.string(d, "valid_path", "");
+  c.data.on_error = rd.string(d, "on_error", "stop");
+  one_of("on_error", c.data.on_error, {"stop", "skip"});
+  c.data.cache_dir = rd.string(d, "cache_dir", "");
 
   // DeepSpeed's batch rule: train_batch_size = micro * accum * world; any two determine
   // the third; all three must agree.
@@ -155,6 +176,7 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
   c.gradient_clipping = r.number(j, "gradient_clipping", 0.0);
   LOOM_CHECK(c.gradient_clipping >= 0.0, r.key("gradient_clipping") + " must be >= 0");
   c.steps_per_print = r.integer(j, "steps_per_print", 10, 1);
+  c.eval_interval = r.integer(j, "eval_interval", 0, 0);
   c.wall_clock_breakdown = r.boolean(j, "wall_clock_breakdown", false);
 
   if (j.contains("optimizer")) {

@@ -18,10 +18,17 @@ namespace loom::train {
 
 struct DataConfig {
   std::string path;
-  std::string format = "text";      // plain text
-  std::string tokenizer = "bytes";  // one token per byte
+  std::string format = "auto";      // auto | text | prompt_response | alpaca | sharegpt | messages
+  std::string tokenizer = "model";  // model (the model's own) | bytes (one token per byte)
+  std::string chat_template = "auto";  // auto (from the model) | chatml | llama3 | plain
   int64_t seq_len = 128;
   bool shuffle = true;
+  bool pack = false;
+  bool train_on_prompt = false;
+  double valid_fraction = 0.0;
+  std::string valid_path;
+  std::string on_error = "stop";  // stop | skip
+  std::string cache_dir;          // tokenized-data cache; empty: ~/.cache/loom/tokenized
 };
 
 struct TrainConfig {
@@ -35,6 +42,7 @@ struct TrainConfig {
   nlohmann::json scheduler;  // null: constant lr
   double gradient_clipping = 0.0;
   int64_t steps_per_print = 10;
+  int64_t eval_interval = 0;  // steps between validation passes (0: only at the end)
   bool wall_clock_breakdown = false;
   nlohmann::json raw;  // the resolved JSON, saved beside the outputs
 };

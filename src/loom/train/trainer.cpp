@@ -48,10 +48,19 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset)
     : cfg_(cfg), data_(std::move(dataset)) {
   model_ = build_model(cfg.model, cfg.seed, "config");
   if (!data_) {
-    data_ = std::make_unique<data::ByteTextDataset>(cfg.data.path, cfg.data.seq_len);
-    LOOM_CHECK(model_->vocab_size() >= 256,
-               "the byte tokenizer needs a vocabulary of at least 256, the model has " +
-                   std::to_string(model_->vocab_size()));
+    TextCodec codec;
+    if (cfg.data.tokenizer == "bytes") {
+      LOOM_CHECK(model_->vocab_size() >= 256,
+                 "data.tokenizer 'bytes' needs a vocabulary of at least 256, the model has " +
+                     std::to_string(model_->vocab_size()));
+      codec = bytes_codec();
+    } else {
+      codec = model_codec(cfg.model);
+    }
+    TrainData td = build_train_data(cfg.data, codec, cfg.seed);
+    data_ = std::move(td.train);
+    valid_ = std::move(td.valid);
+    data_summary_ = td.summary;
   }
   LOOM_CHECK(data_->seq_len() <= model_->max_positions(),
              "data.seq_len " + std::to_string(data_->seq_len()) + " exceeds the model's " +
@@ -100,6 +109,26 @@ StepStats Trainer::step() {
   return st;
 }
 
+double Trainer::evaluate() {
+  if (!valid_) return std::nan("");
+  const int64_t T = valid_->seq_len(), B = cfg_.micro_batch, V = model_->vocab_size();
+  double sum = 0.0;
+  int64_t count = 0;
+  for (int64_t first = 0; first < valid_->size(); first += B) {
+    const int64_t b = std::min(B, valid_->size() - first);
+    Tensor ids = Tensor::zeros({b, T}, DType::I32), tg = Tensor::zeros({b, T}, DType::I32);
+    Tensor pos = valid_->packed() ? Tensor::zeros({b, T}, DType::I32) : Tensor();
+    for (int64_t i = 0; i < b; ++i) {
+      valid_->get(first + i, ids.i32() + i * T, tg.i32() + i * T);
+      if (valid_->packed()) valid_->get_positions(first + i, pos.i32() + i * T);
+    }
+    const Tensor& logits = model_->forward(ids, pos);
+    sum += kernels::cross_entropy_loss(logits.f32(), tg.i32(), b * T, V);
+    count += kernels::count_targets(tg.i32(), b * T);
+  }
+  return count ? sum / count : std::nan("");
+}
+
 void Trainer::run() {
   const fs::path out = cfg_.output_dir;
   fs::create_directories(out);
@@ -118,6 +147,16 @@ void Trainer::run() {
                static_cast<long long>(data_->size()), static_cast<long long>(cfg_.data.seq_len),
                static_cast<long long>(cfg_.train_batch), static_cast<long long>(cfg_.micro_batch),
                static_cast<long long>(cfg_.grad_accum), static_cast<long long>(cfg_.train_steps));
+  if (!data_summary_.empty()) std::fprintf(stderr, "data: %s\n", data_summary_.c_str());
+  auto eval_line = [&] {
+    const double ev = evaluate();
+    if (std::isnan(ev)) return;
+    metrics << nlohmann::json{{"step", step_}, {"eval_loss", ev}}.dump() << "\n";
+    metrics.flush();
+    std::fprintf(stderr, "%sstep %lld  eval loss %.4f\n", tty ? "\r" : "",
+                 static_cast<long long>(step_), ev);
+  };
+  eval_line();  // before training: the baseline the run should beat
   prof::enable(cfg_.wall_clock_breakdown);
   double elapsed = 0.0;
   while (step_ < cfg_.train_steps) {
@@ -138,18 +177,16 @@ void Trainer::run() {
                                            std::to_string(st.step + 1));
     const double eta = elapsed / step_ * (cfg_.train_steps - step_);
     const bool print_line = (step_ % cfg_.steps_per_print == 0) || step_ == cfg_.train_steps;
-    if (tty) {
-      std::fprintf(stderr,
-                   "\rstep %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  ETA %.0fs   ",
-                   static_cast<long long>(step_), static_cast<long long>(cfg_.train_steps), st.loss,
-                   st.lr, st.grad_norm, tok_s, eta);
-      if (print_line) std::fprintf(stderr, "\n");
-    } else if (print_line) {
-      std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  ETA %.0fs\n",
-                   static_cast<long long>(step_), static_cast<long long>(cfg_.train_steps), st.loss,
-                   st.lr, st.grad_norm, tok_s, eta);
-    }
+    // On a terminal the progress line rewrites itself; in logs it prints every steps_per_print.
+    if (tty || print_line)
+      std::fprintf(
+          stderr, "%sstep %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  ETA %.0fs%s",
+          tty ? "\r" : "", static_cast<long long>(step_), static_cast<long long>(cfg_.train_steps),
+          st.loss, st.lr, st.grad_norm, tok_s, eta, print_line ? "\n" : "   ");
+    if (cfg_.eval_interval > 0 && step_ % cfg_.eval_interval == 0 && step_ < cfg_.train_steps)
+      eval_line();
   }
+  eval_line();
   if (cfg_.wall_clock_breakdown) {
     prof::Totals t = prof::totals();
     std::fprintf(stderr, "time by phase over %lld steps:", static_cast<long long>(step_));

@@ -15,6 +15,7 @@
 #include "loom/optim/adamw.h"
 #include "loom/optim/schedule.h"
 #include "loom/train/config.h"
+#include "loom/train/data_setup.h"
 
 namespace loom::train {
 
@@ -38,6 +39,8 @@ class Trainer {
   // Reads the dataset cfg.data names; or uses `dataset` (benchmarks, tests).
   explicit Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset = nullptr);
   StepStats step();  // one optimizer step
+  // Mean loss over every target token of the validation set (NaN when there is none).
+  double evaluate();
   // Runs cfg.train_steps steps, writes metrics.jsonl, prints progress, saves the final
   // checkpoint to output_dir/checkpoint-final.
   void run();
@@ -48,7 +51,8 @@ class Trainer {
  private:
   TrainConfig cfg_;
   std::unique_ptr<models::CausalLM> model_;
-  std::unique_ptr<data::Dataset> data_;
+  std::unique_ptr<data::Dataset> data_, valid_;
+  std::string data_summary_;
   std::unique_ptr<data::Sampler> sampler_;
   std::unique_ptr<optim::AdamW> opt_;
   optim::Schedule sched_;
