@@ -34,6 +34,7 @@ demo: build
 # Every test (labels unit and golden), then the parser and memory tests again under
 # AddressSanitizer + UBSan.
 test: build build-asan
+	@bash scripts/fetch_default_model.sh > /dev/null
 	cd $(BUILD) && OMP_NUM_THREADS=2 ctest --output-on-failure --timeout 600
 	$(MAKE) --no-print-directory test-asan
 

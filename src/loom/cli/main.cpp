@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "loom/io/hf_checkpoint.h"
+#include "loom/io/model_loader.h"
 #include "loom/io/safetensors.h"
 #include "loom/models/generate.h"
 #include "loom/train/config.h"
@@ -93,7 +94,7 @@ int cmd_sample(const Args& a) {
   a.only({"--model", "--prompt", "--tokens", "--temperature", "--top-k", "--seed"});
   const std::string* dir = a.get("--model");
   if (!dir) throw UsageError("sample needs --model DIR");
-  auto model = loom::io::load_hf_model(*dir);
+  auto model = loom::io::load_model(*dir);
   loom::models::SampleOptions opt;
   if (auto v = a.get("--tokens")) opt.max_new_tokens = to_int(*v, "--tokens");
   if (auto v = a.get("--top-k")) opt.top_k = to_int(*v, "--top-k");
@@ -126,7 +127,7 @@ int cmd_forward(const Args& a) {
   } else {
     throw UsageError("forward needs --ids or --text");
   }
-  auto model = loom::io::load_hf_model(*dir);
+  auto model = loom::io::load_model(*dir);
   const int64_t T = static_cast<int64_t>(ids.size());
   loom::Tensor x = loom::Tensor::zeros({1, T}, loom::DType::I32);
   std::copy(ids.begin(), ids.end(), x.i32());

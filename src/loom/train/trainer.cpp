@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "loom/io/hf_checkpoint.h"
+#include "loom/io/model_loader.h"
 #include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/models/gpt2.h"
 #include "loom/optim/clip.h"
@@ -20,12 +21,12 @@ namespace fs = std::filesystem;
 
 std::unique_ptr<models::CausalLM> build_model(const nlohmann::json& m, uint64_t seed,
                                               const std::string& where) {
-  if (m.is_string()) return io::load_hf_model(m.get<std::string>());
+  if (m.is_string()) return io::load_model(m.get<std::string>());
   LOOM_CHECK(m.is_object(), where + ": config key 'model' must be a path or an object");
   if (m.contains("path")) {
     LOOM_CHECK(m.size() == 1 && m["path"].is_string(),
                where + ": config key 'model.path' must be the only key, a string");
-    return io::load_hf_model(m["path"].get<std::string>());
+    return io::load_model(m["path"].get<std::string>());
   }
   LOOM_CHECK(m.value("arch", std::string()) == "gpt2",
              where + ": config key 'model.arch' must be \"gpt2\" (or give 'model.path')");
