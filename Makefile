@@ -28,8 +28,8 @@ build-asan: deps
 # minutes on 2 cores, then sample from the checkpoint it wrote.
 demo: build
 	OMP_NUM_THREADS=2 $(BUILD)/loom train configs/demo-gpt2-wiki.json
-	OMP_NUM_THREADS=2 $(BUILD)/loom sample --model out/demo-gpt2-wiki/checkpoint-final \
-	  --prompt "The history of " --tokens 300 --temperature 0.8 --top-k 40
+	OMP_NUM_THREADS=2 $(BUILD)/loom generate --model out/demo-gpt2-wiki/checkpoint-final \
+	  --prompt "The history of " --max-tokens 300 --temperature 0.8 --top-k 40
 
 # Every test (labels unit and golden), then the parser and memory tests again under
 # AddressSanitizer + UBSan.
@@ -40,7 +40,7 @@ test: build build-asan
 
 test-asan:
 	ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=1 $(ASAN_BUILD)/loom_unit_tests \
-	  --gtest_filter='Safetensors*:Config*:Schedule*:CliErrors*:Checkpoint*:KernelGrad*:ModuleGrad*:LlamaGrad*:Conversation*:ChatTemplates*:Generate*:Packing*'
+	  --gtest_filter='Safetensors*:Config*:Schedule*:CliErrors*:Checkpoint*:KernelGrad*:ModuleGrad*:LlamaGrad*:Conversation*:ChatTemplates*:Generate*:Packing*:Gguf*:SftDataset*'
 
 # Benchmark: one GPT-2 124M training step, ours vs PyTorch's, same machine and threads.
 bench: build
