@@ -1,18 +1,25 @@
 // The `loom` program. Subcommands:
 //   loom train CONFIG.json [--set key.path=value ...]
-//   loom sample --model DIR [--prompt TEXT] [--tokens N] [--temperature F] [--top-k K] [--seed S]
+//   loom generate --model PATH --prompt TEXT [--chat 1] [sampling flags]
+//   loom chat --model PATH [sampling flags]          (interactive; keeps the conversation)
 //   loom forward --model DIR (--ids 1,2,3 | --text TEXT) --out FILE.safetensors
 // Errors print one line naming the file/key/tensor and exit 1; usage errors exit 2.
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <string>
 #include <vector>
 
 #include "loom/io/hf_checkpoint.h"
 #include "loom/io/model_loader.h"
 #include "loom/io/safetensors.h"
+#include "loom/io/tokenizer_loader.h"
 #include "loom/models/generate.h"
+#include "loom/train/chat_session.h"
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
 #include "loom/util/error.h"
@@ -22,8 +29,10 @@ namespace {
 constexpr const char* kUsage =
     "usage:\n"
     "  loom train CONFIG.json [--set key.path=value ...]\n"
-    "  loom sample --model DIR [--prompt TEXT] [--tokens N] [--temperature F] [--top-k K] "
-    "[--seed S]\n"
+    "  loom generate --model PATH --prompt TEXT [--chat 1] [--system S] [sampling]\n"
+    "  loom chat --model PATH [--system S] [sampling]\n"
+    "     PATH: an HF folder, a loom checkpoint or a .gguf file; sampling: --max-tokens N\n"
+    "     --temperature F (0: greedy) --top-k K --top-p P --seed S --tokenizer auto|bytes|model\n"
     "  loom forward --model DIR (--ids 1,2,3 | --text TEXT) --out FILE.safetensors\n";
 
 struct UsageError : loom::Error {
@@ -54,14 +63,24 @@ struct Args {
       if (k == name) v = &val;
     return v;
   }
-  void only(std::initializer_list<const char*> allowed) const {
-    for (auto& [k, v] : flags) {
+  void only(const std::vector<const char*>& allowed) const {
+    for (const auto& flag : flags) {
       bool ok = false;
-      for (const char* a : allowed) ok |= k == a;
-      if (!ok) throw UsageError("unknown option " + k);
+      for (const char* a : allowed) ok |= flag.first == a;
+      if (!ok) throw UsageError("unknown option " + flag.first);
     }
   }
 };
+
+float to_float(const std::string& s, const char* what) {
+  try {
+    size_t pos;
+    float v = std::stof(s, &pos);
+    if (pos == s.size()) return v;
+  } catch (...) {
+  }
+  throw UsageError(std::string(what) + ": '" + s + "' is not a number");
+}
 
 int64_t to_int(const std::string& s, const char* what) {
   try {
@@ -71,12 +90,6 @@ int64_t to_int(const std::string& s, const char* what) {
   } catch (...) {
   }
   throw UsageError(std::string(what) + ": '" + s + "' is not an integer");
-}
-
-std::vector<int32_t> bytes_of(const std::string& text) {
-  std::vector<int32_t> ids;
-  for (unsigned char c : text) ids.push_back(c);
-  return ids;
 }
 
 int cmd_train(const Args& a) {
@@ -90,29 +103,105 @@ int cmd_train(const Args& a) {
   return 0;
 }
 
-int cmd_sample(const Args& a) {
-  a.only({"--model", "--prompt", "--tokens", "--temperature", "--top-k", "--seed"});
-  const std::string* dir = a.get("--model");
-  if (!dir) throw UsageError("sample needs --model DIR");
-  auto model = loom::io::load_model(*dir);
+// Sampling flags shared by generate and chat.
+loom::models::SampleOptions sample_options(const Args& a) {
   loom::models::SampleOptions opt;
-  if (auto v = a.get("--tokens")) opt.max_new_tokens = to_int(*v, "--tokens");
+  if (auto v = a.get("--max-tokens")) opt.max_new_tokens = to_int(*v, "--max-tokens");
   if (auto v = a.get("--top-k")) opt.top_k = to_int(*v, "--top-k");
   if (auto v = a.get("--seed")) opt.seed = to_int(*v, "--seed");
-  if (auto v = a.get("--temperature")) opt.temperature = std::stof(*v);
-  const std::string prompt = a.get("--prompt") ? *a.get("--prompt") : std::string("The ");
-  std::vector<int32_t> out = loom::models::generate(*model, bytes_of(prompt), opt);
-  std::string text = prompt;
-  for (int32_t t : out) text.push_back(static_cast<char>(t));
-  std::printf("%s\n", text.c_str());
+  if (auto v = a.get("--temperature")) opt.temperature = to_float(*v, "--temperature");
+  if (auto v = a.get("--top-p")) opt.top_p = to_float(*v, "--top-p");
+  return opt;
+}
+
+// The model's tokenizer, or bytes (--tokenizer bytes, or auto for a byte-vocabulary model
+// folder without tokenizer.json).
+loom::train::TextCodec codec_for_model(const std::string& path, const loom::models::CausalLM& m,
+                                       const Args& a) {
+  const std::string mode = a.get("--tokenizer") ? *a.get("--tokenizer") : "auto";
+  if (mode != "auto" && mode != "bytes" && mode != "model")
+    throw UsageError("--tokenizer must be auto, bytes or model");
+  const bool no_tokenizer_file =
+      !loom::io::is_gguf(path) &&
+      !std::filesystem::exists(std::filesystem::path(path) / "tokenizer.json");
+  if (mode == "bytes" || (mode == "auto" && no_tokenizer_file && m.vocab_size() == 256))
+    return loom::train::bytes_codec();
+  return loom::train::codec_for(loom::io::load_tokenizer(path));
+}
+
+constexpr std::initializer_list<const char*> kSampleFlags = {
+    "--model", "--max-tokens", "--temperature", "--top-k", "--top-p", "--seed", "--tokenizer"};
+
+int cmd_generate(const Args& a) {
+  std::vector<const char*> allowed(kSampleFlags);
+  allowed.insert(allowed.end(), {"--prompt", "--chat", "--system"});
+  a.only(allowed);
+  const std::string* path = a.get("--model");
+  const std::string* prompt = a.get("--prompt");
+  if (!path || !prompt) throw UsageError("generate needs --model PATH and --prompt TEXT");
+  auto model = loom::io::load_model(*path);
+  loom::train::TextCodec codec = codec_for_model(*path, *model, a);
+  loom::models::SampleOptions opt = sample_options(a);
+  const bool chat = a.get("--chat") && *a.get("--chat") != "0" && *a.get("--chat") != "false";
+  if (chat) {
+    loom::train::ChatSession s(*model, codec, opt, a.get("--system") ? *a.get("--system") : "");
+    s.reply(*prompt, [](const std::string& t) {
+      std::fputs(t.c_str(), stdout);
+      std::fflush(stdout);
+    });
+    std::printf("\n");
+    return 0;
+  }
+  if (codec.eos_id >= 0) opt.stop_ids.push_back(codec.eos_id);
+  std::vector<int32_t> out = loom::models::generate(*model, codec.encode(*prompt), opt);
+  if (!out.empty() && codec.eos_id >= 0 && out.back() == codec.eos_id) out.pop_back();
+  std::printf("%s%s\n", prompt->c_str(), codec.decode(out).c_str());
+  return 0;
+}
+
+int cmd_chat(const Args& a) {
+  std::vector<const char*> allowed(kSampleFlags);
+  allowed.push_back("--system");
+  a.only(allowed);
+  const std::string* path = a.get("--model");
+  if (!path) throw UsageError("chat needs --model PATH");
+  auto model = loom::io::load_model(*path);
+  loom::train::ChatSession s(*model, codec_for_model(*path, *model, a), sample_options(a),
+                             a.get("--system") ? *a.get("--system") : "");
+  const bool tty = ::isatty(fileno(stdin));
+  if (tty)
+    std::fprintf(stderr, "chat with %s (/reset starts over, /quit or Ctrl-D ends)\n",
+                 path->c_str());
+  std::string line;
+  while (true) {
+    if (tty) std::fprintf(stderr, "> ");
+    if (!std::getline(std::cin, line)) break;
+    if (line == "/quit") break;
+    if (line == "/reset") {
+      s.reset();
+      continue;
+    }
+    if (line.empty()) continue;
+    try {
+      s.reply(line, [](const std::string& t) {
+        std::fputs(t.c_str(), stdout);
+        std::fflush(stdout);
+      });
+      std::printf("\n");
+    } catch (const loom::Error& e) {  // e.g. the context is full: say so and start over
+      std::fprintf(stderr, "loom: %s; starting a new conversation\n", e.what());
+      s.reset();
+    }
+  }
   return 0;
 }
 
 int cmd_forward(const Args& a) {
-  a.only({"--model", "--ids", "--text", "--out"});
+  a.only({"--model", "--ids", "--text", "--out", "--tokenizer"});
   const std::string* dir = a.get("--model");
   const std::string* out = a.get("--out");
   if (!dir || !out) throw UsageError("forward needs --model DIR and --out FILE");
+  auto model = loom::io::load_model(*dir);
   std::vector<int32_t> ids;
   if (auto v = a.get("--ids")) {
     size_t start = 0;
@@ -123,11 +212,10 @@ int cmd_forward(const Args& a) {
       start = comma + 1;
     }
   } else if (auto t = a.get("--text")) {
-    ids = bytes_of(*t);
+    ids = codec_for_model(*dir, *model, a).encode(*t);
   } else {
     throw UsageError("forward needs --ids or --text");
   }
-  auto model = loom::io::load_model(*dir);
   const int64_t T = static_cast<int64_t>(ids.size());
   loom::Tensor x = loom::Tensor::zeros({1, T}, loom::DType::I32);
   std::copy(ids.begin(), ids.end(), x.i32());
@@ -151,7 +239,8 @@ int main(int argc, char** argv) {
   try {
     Args a = Args::parse(argc, argv, 2);
     if (cmd == "train") return cmd_train(a);
-    if (cmd == "sample") return cmd_sample(a);
+    if (cmd == "generate") return cmd_generate(a);
+    if (cmd == "chat") return cmd_chat(a);
     if (cmd == "forward") return cmd_forward(a);
     throw UsageError("unknown command '" + cmd + "'");
   } catch (const UsageError& e) {

@@ -77,7 +77,8 @@ void load_hf_weights(models::CausalLM& model, const fs::path& file_or_dir) {
   }
 }
 
-void save_hf_checkpoint(models::CausalLM& model, const fs::path& dir) {
+void save_hf_checkpoint(models::CausalLM& model, const fs::path& dir,
+                        const fs::path& tokenizer_from) {
   const fs::path tmp_dir = dir.string() + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(tmp_dir);
   fs::create_directories(tmp_dir);
@@ -110,6 +111,15 @@ void save_hf_checkpoint(models::CausalLM& model, const fs::path& dir) {
       tensors.push_back(std::move(t));
     }
     write_safetensors(tmp_dir / "model.safetensors", tensors, {{"format", "pt"}});
+    if (!tokenizer_from.empty()) {
+      if (fs::is_directory(tokenizer_from)) {
+        for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+          if (fs::exists(tokenizer_from / f)) fs::copy_file(tokenizer_from / f, tmp_dir / f);
+      } else {
+        std::ofstream(tmp_dir / "tokenizer_source.json")
+            << nlohmann::json{{"gguf", fs::absolute(tokenizer_from).string()}}.dump() << "\n";
+      }
+    }
     if (fs::exists(dir)) fs::remove_all(dir);
     fs::rename(tmp_dir, dir);
   } catch (...) {

@@ -7,6 +7,7 @@
 #include "loom/io/hf_checkpoint.h"
 #include "loom/models/registry.h"
 #include "loom/util/error.h"
+#include "loom/util/path.h"
 
 namespace loom::io {
 
@@ -40,7 +41,8 @@ std::unique_ptr<models::CausalLM> load_gguf_model(const fs::path& file) {
   return model;
 }
 
-std::unique_ptr<models::CausalLM> load_model(const fs::path& p) {
+std::unique_ptr<models::CausalLM> load_model(const fs::path& path) {
+  const fs::path p = expand_user(path);
   if (is_gguf(p)) return load_gguf_model(p);
   return load_hf_model(p);
 }

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "loom/data/conversation.h"
+#include "loom/io/tokenizer_loader.h"
 #include "loom/util/error.h"
 
 namespace loom::train {
@@ -29,10 +30,28 @@ TextCodec bytes_codec() {
 }
 
 TextCodec model_codec(const nlohmann::json& model_cfg) {
-  throw Error(
-      "config key 'data.tokenizer': \"model\" (the model's own BPE tokenizer) is not "
-      "available in this build yet; use \"bytes\" (model " +
-      model_cfg.dump() + ")");
+  std::string path;
+  if (model_cfg.is_string()) path = model_cfg.get<std::string>();
+  if (model_cfg.is_object() && model_cfg.contains("path") && model_cfg["path"].is_string())
+    path = model_cfg["path"].get<std::string>();
+  LOOM_CHECK(!path.empty(),
+             "config key 'data.tokenizer': \"model\" needs a model loaded from "
+             "a folder or GGUF file (a model built from sizes has no tokenizer; "
+             "use \"bytes\")");
+  return codec_for(io::load_tokenizer(path));
+}
+
+TextCodec codec_for(const io::ModelTokenizer& mt) {
+  auto tok = std::make_shared<data::Tokenizer>(mt.tokenizer);
+  TextCodec c;
+  c.encode = [tok](const std::string& s) { return tok->encode(s, /*allow_special=*/true); };
+  c.decode = [tok](const std::vector<int32_t>& ids) { return tok->decode(ids); };
+  c.eos_id = tok->eos_id();
+  c.pad_id = tok->pad_id() >= 0 ? tok->pad_id() : std::max(tok->eos_id(), 0);
+  if (c.eos_id >= 0) c.eos_text = tok->decode(std::vector<int32_t>{c.eos_id});
+  c.id = "bpe:" + std::to_string(tok->fingerprint());
+  c.chat_template = data::template_from_jinja(mt.chat_template, &c.default_system);
+  return c;
 }
 
 namespace {

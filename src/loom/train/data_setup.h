@@ -14,6 +14,7 @@
 #include "loom/data/chat_template.h"
 #include "loom/data/dataset.h"
 #include "loom/data/sft_dataset.h"
+#include "loom/io/tokenizer_loader.h"
 #include "loom/train/config.h"
 
 namespace loom::train {
@@ -32,6 +33,7 @@ TextCodec bytes_codec();
 // The tokenizer and chat template of the model a config names (its tokenizer.json, or the
 // tokenizer in its GGUF file).
 TextCodec model_codec(const nlohmann::json& model_cfg);
+TextCodec codec_for(const io::ModelTokenizer& mt);
 
 struct TrainData {
   std::unique_ptr<data::Dataset> train, valid;  // valid may be null

@@ -13,6 +13,7 @@
 #include "loom/models/gpt2.h"
 #include "loom/optim/clip.h"
 #include "loom/util/error.h"
+#include "loom/util/path.h"
 #include "loom/util/profile.h"
 
 namespace loom::train {
@@ -197,7 +198,10 @@ void Trainer::run() {
     std::fprintf(stderr, "\n");
   }
   const fs::path ck = out / "checkpoint-final";
-  io::save_hf_checkpoint(*model_, ck);
+  std::string source;
+  if (cfg_.model.is_string()) source = cfg_.model.get<std::string>();
+  if (cfg_.model.is_object() && cfg_.model.contains("path")) source = cfg_.model["path"];
+  io::save_hf_checkpoint(*model_, ck, source.empty() ? fs::path() : expand_user(source));
   std::fprintf(stderr, "loom: saved %s\n", ck.string().c_str());
 }
 

@@ -1,0 +1,62 @@
+#include "loom/io/tokenizer_loader.h"
+
+#include "loom/io/gguf.h"
+#include "loom/io/hf_checkpoint.h"
+#include "loom/io/model_loader.h"
+#include "loom/util/error.h"
+#include "loom/util/path.h"
+
+namespace loom::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+ModelTokenizer from_gguf(const fs::path& file) {
+  GgufFile f = GgufFile::open(file);
+  const std::string model = f.get_string_or("tokenizer.ggml.model", "");
+  LOOM_CHECK(model == "gpt2", file.string() + ": tokenizer.ggml.model '" + model +
+                                  "' is not supported (byte-level BPE, \"gpt2\")");
+  data::TokenizerSpec s;
+  s.tokens = f.get_string_array("tokenizer.ggml.tokens");
+  s.merges = f.get_string_array("tokenizer.ggml.merges");
+  if (f.has("tokenizer.ggml.token_type"))
+    s.token_types = f.get_i32_array("tokenizer.ggml.token_type");
+  s.pre_tokenizer =
+      data::pretokenizer_from_gguf_name(f.get_string_or("tokenizer.ggml.pre", "gpt-2"));
+  auto id = [&](const char* key) { return f.has(key) ? static_cast<int32_t>(f.get_i64(key)) : -1; };
+  s.bos_id = id("tokenizer.ggml.bos_token_id");
+  s.eos_id = id("tokenizer.ggml.eos_token_id");
+  s.pad_id = id("tokenizer.ggml.padding_token_id");
+  s.add_bos = f.get_bool_or("tokenizer.ggml.add_bos_token", false);
+  s.source = file.string();
+  return {data::Tokenizer::from_vocab(s), f.get_string_or("tokenizer.chat_template", "")};
+}
+
+}  // namespace
+
+ModelTokenizer load_tokenizer(const fs::path& path) {
+  const fs::path p = expand_user(path);
+  if (is_gguf(p)) return from_gguf(p);
+  const fs::path tj = p / "tokenizer.json";
+  if (!fs::exists(tj) && fs::exists(p / "tokenizer_source.json")) {
+    // A checkpoint fine-tuned from a GGUF file: the tokenizer is that file's.
+    nlohmann::json j = read_json_file(p / "tokenizer_source.json");
+    LOOM_CHECK(j.contains("gguf") && j["gguf"].is_string(),
+               (p / "tokenizer_source.json").string() + ": expected {\"gguf\": path}");
+    return from_gguf(j["gguf"].get<std::string>());
+  }
+  LOOM_CHECK(fs::exists(tj), p.string() +
+                                 ": no tokenizer.json (use data.tokenizer \"bytes\" "
+                                 "for a byte-level model)");
+  ModelTokenizer mt{data::Tokenizer::from_hf_json(tj), ""};
+  const fs::path tc = p / "tokenizer_config.json";
+  if (fs::exists(tc)) {
+    nlohmann::json j = read_json_file(tc);
+    if (j.contains("chat_template") && j["chat_template"].is_string())
+      mt.chat_template = j["chat_template"].get<std::string>();
+  }
+  return mt;
+}
+
+}  // namespace loom::io
