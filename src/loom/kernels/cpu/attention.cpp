@@ -36,6 +36,7 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
         for (int64_t s = s0; s <= t; ++s) {
           const float* ks = k + (b * T + s) * d.kv_stride + g * HD;
           float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
           for (int64_t i = 0; i < HD; ++i) dot += qt[i] * ks[i];
           a[s] = dot * scale;
           mx = std::max(mx, a[s]);
@@ -83,6 +84,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             const float* vs = v + (b * T + s) * d.kv_stride + g * HD;
             float* dvs = dv + (b * T + s) * d.kv_stride + g * HD;
             float dd = 0.0f;
+#pragma omp simd reduction(+ : dd)
             for (int64_t i = 0; i < HD; ++i) {
               dd += dot_[i] * vs[i];
               dvs[i] += a[s] * dot_[i];
@@ -126,6 +128,7 @@ void attention_forward_cached(float* out, const float* q, const float* kc, const
         for (int64_t s = 0; s < len; ++s) {
           const float* ks = kc + s * kv_stride + g * HD;
           float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
           for (int64_t d = 0; d < HD; ++d) dot += qi[d] * ks[d];
           a[s] = dot * scale;
           mx = std::max(mx, a[s]);
