@@ -7,40 +7,24 @@
 #include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/kernels/cpu/elementwise.h"
 #include "loom/kernels/cpu/matmul.h"
+#include "loom/models/hf_config_keys.h"
 #include "loom/util/error.h"
 
 namespace loom::models {
 
-namespace {
-
-int64_t get_int(const nlohmann::json& j, const char* key, int64_t dflt, const std::string& where) {
-  if (!j.contains(key) || j[key].is_null()) return dflt;
-  if (!j[key].is_number_integer() || j[key].get<int64_t>() < 0)
-    throw Error(where + ": key '" + key + "' must be a non-negative integer");
-  return j[key].get<int64_t>();
-}
-
-double get_num(const nlohmann::json& j, const char* key, double dflt, const std::string& where) {
-  if (!j.contains(key) || j[key].is_null()) return dflt;
-  if (!j[key].is_number()) throw Error(where + ": key '" + key + "' must be a number");
-  return j[key].get<double>();
-}
-
-}  // namespace
-
 GPT2Config GPT2Config::from_hf(const nlohmann::json& j, const std::string& where) {
   LOOM_CHECK(j.is_object(), where + ": config must be a JSON object");
   GPT2Config c;
-  c.vocab_size = get_int(j, "vocab_size", c.vocab_size, where);
-  c.n_positions = get_int(j, "n_positions", c.n_positions, where);
-  c.n_embd = get_int(j, "n_embd", c.n_embd, where);
-  c.n_layer = get_int(j, "n_layer", c.n_layer, where);
-  c.n_head = get_int(j, "n_head", c.n_head, where);
-  c.n_inner = get_int(j, "n_inner", 0, where);
-  c.layer_norm_epsilon = static_cast<float>(get_num(j, "layer_norm_epsilon", 1e-5, where));
-  c.initializer_range = static_cast<float>(get_num(j, "initializer_range", 0.02, where));
+  c.vocab_size = hf_int(j, "vocab_size", c.vocab_size, where);
+  c.n_positions = hf_int(j, "n_positions", c.n_positions, where);
+  c.n_embd = hf_int(j, "n_embd", c.n_embd, where);
+  c.n_layer = hf_int(j, "n_layer", c.n_layer, where);
+  c.n_head = hf_int(j, "n_head", c.n_head, where);
+  c.n_inner = hf_int(j, "n_inner", 0, where);
+  c.layer_norm_epsilon = static_cast<float>(hf_num(j, "layer_norm_epsilon", 1e-5, where));
+  c.initializer_range = static_cast<float>(hf_num(j, "initializer_range", 0.02, where));
   for (const char* k : {"vocab_size", "n_positions", "n_embd", "n_layer", "n_head"})
-    LOOM_CHECK(get_int(j, k, 1, where) > 0, where + ": key '" + k + "' must be positive");
+    LOOM_CHECK(hf_int(j, k, 1, where) > 0, where + ": key '" + k + "' must be positive");
   LOOM_CHECK(c.n_embd % c.n_head == 0, where + ": n_embd " + std::to_string(c.n_embd) +
                                            " is not divisible by n_head " +
                                            std::to_string(c.n_head));
@@ -55,7 +39,7 @@ GPT2Config GPT2Config::from_hf(const nlohmann::json& j, const std::string& where
                  !j.value("reorder_and_upcast_attn", false),
              where + ": only standard GPT-2 attention scaling (1/sqrt(head_dim)) is supported");
   for (const char* k : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) {
-    if (get_num(j, k, 0.0, where) > 0.0) {
+    if (hf_num(j, k, 0.0, where) > 0.0) {
       std::fprintf(stderr, "note: %s: %s > 0 is ignored (loom trains GPT-2 without dropout)\n",
                    where.c_str(), k);
       break;

@@ -5,49 +5,34 @@
 #include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/kernels/cpu/elementwise.h"
 #include "loom/kernels/cpu/matmul.h"
+#include "loom/models/hf_config_keys.h"
 #include "loom/util/error.h"
 
 namespace loom::models {
-
-namespace {
-
-int64_t get_int(const nlohmann::json& j, const char* key, int64_t dflt, const std::string& where) {
-  if (!j.contains(key) || j[key].is_null()) return dflt;
-  LOOM_CHECK(j[key].is_number_integer(), where + ": key '" + key + "' must be an integer");
-  return j[key].get<int64_t>();
-}
-
-double get_num(const nlohmann::json& j, const char* key, double dflt, const std::string& where) {
-  if (!j.contains(key) || j[key].is_null()) return dflt;
-  LOOM_CHECK(j[key].is_number(), where + ": key '" + key + "' must be a number");
-  return j[key].get<double>();
-}
-
-}  // namespace
 
 LlamaConfig LlamaConfig::from_hf(const nlohmann::json& j, const std::string& where) {
   LOOM_CHECK(j.is_object(), where + ": config must be a JSON object");
   LlamaConfig c;
   c.model_type = j.value("model_type", std::string("llama"));
-  c.vocab_size = get_int(j, "vocab_size", c.vocab_size, where);
-  c.hidden_size = get_int(j, "hidden_size", c.hidden_size, where);
-  c.intermediate_size = get_int(j, "intermediate_size", c.intermediate_size, where);
-  c.num_hidden_layers = get_int(j, "num_hidden_layers", c.num_hidden_layers, where);
-  c.num_attention_heads = get_int(j, "num_attention_heads", c.num_attention_heads, where);
-  c.num_key_value_heads = get_int(j, "num_key_value_heads", c.num_attention_heads, where);
-  c.head_dim = get_int(j, "head_dim", 0, where);
-  c.max_position_embeddings = get_int(j, "max_position_embeddings", 2048, where);
-  c.rms_norm_eps = static_cast<float>(get_num(j, "rms_norm_eps", 1e-6, where));
-  c.initializer_range = static_cast<float>(get_num(j, "initializer_range", 0.02, where));
+  c.vocab_size = hf_int(j, "vocab_size", c.vocab_size, where);
+  c.hidden_size = hf_int(j, "hidden_size", c.hidden_size, where);
+  c.intermediate_size = hf_int(j, "intermediate_size", c.intermediate_size, where);
+  c.num_hidden_layers = hf_int(j, "num_hidden_layers", c.num_hidden_layers, where);
+  c.num_attention_heads = hf_int(j, "num_attention_heads", c.num_attention_heads, where);
+  c.num_key_value_heads = hf_int(j, "num_key_value_heads", c.num_attention_heads, where);
+  c.head_dim = hf_int(j, "head_dim", 0, where);
+  c.max_position_embeddings = hf_int(j, "max_position_embeddings", 2048, where);
+  c.rms_norm_eps = static_cast<float>(hf_num(j, "rms_norm_eps", 1e-6, where));
+  c.initializer_range = static_cast<float>(hf_num(j, "initializer_range", 0.02, where));
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
   c.attention_bias = c.model_type == "qwen2" ? true : j.value("attention_bias", false);
-  c.bos_token_id = get_int(j, "bos_token_id", -1, where);
+  c.bos_token_id = hf_int(j, "bos_token_id", -1, where);
   c.eos_token_id = j.contains("eos_token_id") && j["eos_token_id"].is_array()
                        ? j["eos_token_id"][0].get<int64_t>()
-                       : get_int(j, "eos_token_id", -1, where);
+                       : hf_int(j, "eos_token_id", -1, where);
   for (const char* k : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                         "num_attention_heads", "max_position_embeddings"})
-    LOOM_CHECK(get_int(j, k, 1, where) > 0, where + ": key '" + k + "' must be positive");
+    LOOM_CHECK(hf_int(j, k, 1, where) > 0, where + ": key '" + k + "' must be positive");
   LOOM_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
              where + ": num_attention_heads must be a multiple of num_key_value_heads");
   LOOM_CHECK(c.head_dim > 0 || c.hidden_size % c.num_attention_heads == 0,
@@ -63,20 +48,20 @@ LlamaConfig LlamaConfig::from_hf(const nlohmann::json& j, const std::string& whe
   nlohmann::json rs = j.contains("rope_parameters") && j["rope_parameters"].is_object()
                           ? j["rope_parameters"]
                           : j.value("rope_scaling", nlohmann::json());
-  c.rope_theta = get_num(j, "rope_theta", 10000.0, where);
+  c.rope_theta = hf_num(j, "rope_theta", 10000.0, where);
   if (rs.is_object() && rs.contains("rope_theta"))
-    c.rope_theta = get_num(rs, "rope_theta", 1e4, where);
+    c.rope_theta = hf_num(rs, "rope_theta", 1e4, where);
   if (rs.is_object()) {
     std::string type = rs.value("rope_type", rs.value("type", std::string("default")));
     LOOM_CHECK(
         type == "default" || type == "linear" || type == "llama3",
         where + ": rope_scaling type '" + type + "' is not supported (default, linear, llama3)");
     c.rope_scaling.type = type;
-    c.rope_scaling.factor = get_num(rs, "factor", 1.0, where);
-    c.rope_scaling.low_freq_factor = get_num(rs, "low_freq_factor", 1.0, where);
-    c.rope_scaling.high_freq_factor = get_num(rs, "high_freq_factor", 4.0, where);
+    c.rope_scaling.factor = hf_num(rs, "factor", 1.0, where);
+    c.rope_scaling.low_freq_factor = hf_num(rs, "low_freq_factor", 1.0, where);
+    c.rope_scaling.high_freq_factor = hf_num(rs, "high_freq_factor", 4.0, where);
     c.rope_scaling.original_max_position_embeddings =
-        get_int(rs, "original_max_position_embeddings", 8192, where);
+        hf_int(rs, "original_max_position_embeddings", 8192, where);
     if (type != "default") c.rope_scaling_json = rs;
   }
   return c;
