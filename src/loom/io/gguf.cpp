@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "loom/util/error.h"
+#include "loom/util/mapped_file.h"
 
 namespace loom::io {
 
@@ -35,7 +36,6 @@ constexpr uint64_t kMaxAlignment = 1ull << 30;
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;  // empty name, 1 dim
 constexpr uint64_t kMinKvBytes = 8 + 4 + 1;                  // empty key, u8 value
 
-std::string errno_str() { return std::strerror(errno); }
 
 // ---------------------------------------------------------------------------------------
 // ggml type table
@@ -604,30 +604,11 @@ GgufFile GgufFile::open(const fs::path& path) {
   GgufFile g;  // owns the mapping from here on, so every throw below unmaps
   g.path_ = path;
 
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  LOOM_CHECK(fd >= 0, f + ": cannot open GGUF file: " + errno_str());
-  struct stat sb {};
-  if (::fstat(fd, &sb) != 0) {
-    const std::string why = errno_str();
-    ::close(fd);
-    throw Error(f + ": cannot stat: " + why);
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    ::close(fd);
-    throw Error(f + ": not a regular file");
-  }
-  const uint64_t file_size = static_cast<uint64_t>(sb.st_size);
-  if (file_size < 24) {
-    ::close(fd);
-    throw Error(f + ": file is " + std::to_string(file_size) +
-                " bytes, too short for a GGUF header (need at least 24)");
-  }
-  void* m = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const std::string map_err = errno_str();
-  ::close(fd);  // the mapping keeps the file alive
-  LOOM_CHECK(m != MAP_FAILED, f + ": mmap failed: " + map_err);
-  g.map_ = m;
-  g.map_size_ = file_size;
+  const Mapping mp = map_file_readonly(path, "GGUF", 24);
+  g.map_ = mp.data;
+  g.map_size_ = mp.size;
+  const uint64_t file_size = mp.size;
+  void* m = mp.data;
   const auto* base = static_cast<const std::byte*>(m);
   Cursor c(base, file_size, f);
 

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "loom/util/error.h"
+#include "loom/util/mapped_file.h"
 
 namespace loom::io {
 
@@ -201,30 +202,11 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
   SafetensorsFile st;  // owns the mapping from here on, so every throw below unmaps
   st.path_ = path;
 
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  LOOM_CHECK(fd >= 0, f + ": cannot open safetensors file: " + errno_str());
-  struct stat sb {};
-  if (::fstat(fd, &sb) != 0) {
-    const std::string why = errno_str();
-    ::close(fd);
-    throw Error(f + ": cannot stat: " + why);
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    ::close(fd);
-    throw Error(f + ": not a regular file");
-  }
-  const uint64_t file_size = static_cast<uint64_t>(sb.st_size);
-  if (file_size < 8) {
-    ::close(fd);
-    throw Error(f + ": file is " + std::to_string(file_size) +
-                " bytes, too short for a safetensors header (need at least 8)");
-  }
-  void* m = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const std::string map_err = errno_str();
-  ::close(fd);  // the mapping keeps the file alive
-  LOOM_CHECK(m != MAP_FAILED, f + ": mmap failed: " + map_err);
-  st.map_ = m;
-  st.map_size_ = file_size;
+  const Mapping mp = map_file_readonly(path, "safetensors", 8);
+  st.map_ = mp.data;
+  st.map_size_ = mp.size;
+  const uint64_t file_size = mp.size;
+  void* m = mp.data;
   const auto* base = static_cast<const std::byte*>(m);
 
   uint64_t header_len = 0;
