@@ -2,6 +2,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
 #include "common/test_util.h"
 #include "loom/kernels/cpu/activations.h"
 #include "loom/kernels/cpu/attention.h"
@@ -135,6 +140,164 @@ TEST(KernelGrad, AttentionIsCausal) {
   for (int64_t i = C; i < 3 * C; ++i) qkv.f32()[5 * 3 * C + i] += 3.0f;  // k, v of token 5
   kernels::attention_forward(out.f32(), att.f32(), p, p + C, p + 2 * C, d);
   for (int64_t i = 0; i < 4 * C; ++i) EXPECT_EQ(before[i], out.f32()[i]);
+}
+
+// Prefix tuning: P shared virtual k/v rows [P, NKV*HD] seen by every query. The kernel's
+// prefix gradients are per batch row ([B, P, NKV*HD]); their sum over B is the gradient of
+// the shared prefix, which is what the finite differences measure.
+void check_attention_prefix(int64_t NH, int64_t NKV, int64_t HD, int64_t P, int64_t B, int64_t T,
+                            const int32_t* pos) {
+  const int64_t KVC = NKV * HD;
+  Tensor q = Tensor::zeros({B, T, NH * HD}), k = Tensor::zeros({B, T, KVC}),
+         v = Tensor::zeros({B, T, KVC}), pk = Tensor::zeros({P, KVC}), pv = Tensor::zeros({P, KVC});
+  Tensor dq = Tensor::zeros(q.shape()), dk = Tensor::zeros(k.shape()),
+         dv = Tensor::zeros(v.shape()), dpk = Tensor::zeros(pk.shape()),
+         dpv = Tensor::zeros(pv.shape());
+  Tensor dpk_b = Tensor::zeros({B, P, KVC}), dpv_b = Tensor::zeros({B, P, KVC});
+  test::fill_normal(q, 31);
+  test::fill_normal(k, 32);
+  test::fill_normal(v, 33);
+  test::fill_normal(pk, 34);
+  test::fill_normal(pv, 35);
+  Tensor out = Tensor::zeros({B, T, NH * HD}), att = Tensor::zeros({B, NH, T, P + T});
+  kernels::AttnDims d{B, T, NH, NKV, HD, NH * HD, KVC, pos};
+  d.prefix_k = pk.f32();
+  d.prefix_v = pv.f32();
+  d.P = P;
+  d.prefix_stride = KVC;
+  auto fwd = [&] {
+    kernels::attention_forward(out.f32(), att.f32(), q.f32(), k.f32(), v.f32(), d);
+    return out;
+  };
+  auto bwd = [&](const Tensor& dout) {
+    dpk_b.zero_();
+    dpv_b.zero_();
+    kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dout.f32(), q.f32(), k.f32(), v.f32(),
+                                att.f32(), d, dpk_b.f32(), dpv_b.f32());
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t i = 0; i < P * KVC; ++i) {
+        dpk.f32()[i] += dpk_b.f32()[b * P * KVC + i];
+        dpv.f32()[i] += dpv_b.f32()[b * P * KVC + i];
+      }
+    }
+  };
+  test::gradcheck(
+      fwd, bwd,
+      {{"q", q, dq}, {"k", k, dk}, {"v", v, dv}, {"prefix_k", pk, dpk}, {"prefix_v", pv, dpv}});
+}
+
+TEST(KernelGrad, AttentionPrefixGQA) { check_attention_prefix(4, 2, 8, 3, 2, 5, nullptr); }
+
+TEST(KernelGrad, AttentionPrefixPackedRows) {
+  // Row 0 packs samples of lengths 2 and 3; row 1 is one sample. Every sample sees the prefix.
+  std::vector<int32_t> pos = {0, 1, 0, 1, 2, 0, 1, 2, 3, 4};
+  check_attention_prefix(4, 2, 8, 3, 2, 5, pos.data());
+}
+
+// Forward against a double-precision reference (softmax over the P prefix keys and the causal
+// keys [t - pos[t], t]), with the prefix k/v interleaved in one buffer to exercise
+// prefix_stride, GQA and packed rows.
+TEST(KernelGrad, AttentionPrefixMatchesReference) {
+  const int64_t B = 2, T = 6, NH = 4, NKV = 2, HD = 8, P = 3, KVC = NKV * HD;
+  std::vector<int32_t> pos = {0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 4, 5};
+  Tensor q = Tensor::zeros({B, T, NH * HD}), k = Tensor::zeros({B, T, KVC}),
+         v = Tensor::zeros({B, T, KVC}), prefix = Tensor::zeros({P, 2 * KVC});
+  test::fill_normal(q, 41);
+  test::fill_normal(k, 42);
+  test::fill_normal(v, 43);
+  test::fill_normal(prefix, 44);
+  Tensor out = Tensor::zeros({B, T, NH * HD}), att = Tensor::zeros({B, NH, T, P + T});
+  kernels::AttnDims d{B, T, NH, NKV, HD, NH * HD, KVC, pos.data()};
+  d.prefix_k = prefix.f32();
+  d.prefix_v = prefix.f32() + KVC;
+  d.P = P;
+  d.prefix_stride = 2 * KVC;
+  kernels::attention_forward(out.f32(), att.f32(), q.f32(), k.f32(), v.f32(), d);
+
+  const int64_t W = P + T;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < NH; ++h) {
+      const int64_t g = h / (NH / NKV);
+      for (int64_t t = 0; t < T; ++t) {
+        const float* qt = q.f32() + (b * T + t) * NH * HD + h * HD;
+        const int64_t s0 = t - pos[b * T + t];
+        // Scores of the W columns in att's order; masked columns stay -inf.
+        std::vector<double> sc(W, -INFINITY), val(W * HD, 0.0);
+        for (int64_t c = 0; c < W; ++c) {
+          const float *kr = nullptr, *vr = nullptr;
+          if (c < P) {
+            kr = prefix.f32() + c * 2 * KVC + g * HD;
+            vr = kr + KVC;
+          } else if (c - P >= s0 && c - P <= t) {
+            kr = k.f32() + (b * T + c - P) * KVC + g * HD;
+            vr = v.f32() + (b * T + c - P) * KVC + g * HD;
+          }
+          if (!kr) continue;
+          double dot = 0;
+          for (int64_t i = 0; i < HD; ++i) dot += static_cast<double>(qt[i]) * kr[i];
+          sc[c] = dot / std::sqrt(static_cast<double>(HD));
+          for (int64_t i = 0; i < HD; ++i) val[c * HD + i] = vr[i];
+        }
+        const double mx = *std::max_element(sc.begin(), sc.end());
+        double sum = 0;
+        for (double& s : sc) sum += (s = std::exp(s - mx));
+        const float* a = att.f32() + ((b * NH + h) * T + t) * W;
+        for (int64_t c = 0; c < W; ++c) {
+          EXPECT_NEAR(a[c], sc[c] / sum, 1e-6)
+              << "att b" << b << " h" << h << " t" << t << " c" << c;
+        }
+        for (int64_t i = 0; i < HD; ++i) {
+          double o = 0;
+          for (int64_t c = 0; c < W; ++c) o += sc[c] / sum * val[c * HD + i];
+          EXPECT_NEAR(out.f32()[(b * T + t) * NH * HD + h * HD + i], o, 1e-5)
+              << "out b" << b << " h" << h << " t" << t << " i" << i;
+        }
+      }
+    }
+  }
+}
+
+// P == 0 with prefix pointers set must give bit-identical results to the defaults (the
+// layout and arithmetic of plain attention are unchanged), and leave dprefix untouched.
+TEST(KernelGrad, AttentionZeroPrefixIsUnchanged) {
+  const int64_t B = 2, T = 7, NH = 4, NKV = 2, HD = 8, KVC = NKV * HD;
+  const std::vector<int32_t> pos = {0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 5, 6};
+  for (const int32_t* p : {static_cast<const int32_t*>(nullptr), pos.data()}) {
+    Tensor q = Tensor::zeros({B, T, NH * HD}), k = Tensor::zeros({B, T, KVC}),
+           v = Tensor::zeros({B, T, KVC}), dout = Tensor::zeros({B, T, NH * HD}),
+           junk = Tensor::zeros({4, KVC});
+    test::fill_normal(q, 51);
+    test::fill_normal(k, 52);
+    test::fill_normal(v, 53);
+    test::fill_normal(dout, 54);
+    test::fill_normal(junk, 55);
+    kernels::AttnDims plain{B, T, NH, NKV, HD, NH * HD, KVC, p};
+    kernels::AttnDims zero = plain;
+    zero.prefix_k = junk.f32();
+    zero.prefix_v = junk.f32();
+    zero.prefix_stride = KVC;  // P stays 0
+    std::vector<float> results[2];
+    for (int run = 0; run < 2; ++run) {
+      const kernels::AttnDims& d = run == 0 ? plain : zero;
+      Tensor out = Tensor::zeros({B, T, NH * HD}), att = Tensor::zeros({B, NH, T, T});
+      Tensor dq = Tensor::zeros(q.shape()), dk = Tensor::zeros(k.shape()),
+             dv = Tensor::zeros(v.shape()), dpk = Tensor::zeros({B, 4, KVC});
+      kernels::attention_forward(out.f32(), att.f32(), q.f32(), k.f32(), v.f32(), d);
+      if (run == 0) {
+        kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dout.f32(), q.f32(), k.f32(),
+                                    v.f32(), att.f32(), d);
+      } else {
+        kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dout.f32(), q.f32(), k.f32(),
+                                    v.f32(), att.f32(), d, dpk.f32(), dpk.f32());
+        for (int64_t i = 0; i < dpk.numel(); ++i) EXPECT_EQ(dpk.f32()[i], 0.0f);
+      }
+      for (const Tensor* t : {&out, &att, &dq, &dk, &dv})
+        results[run].insert(results[run].end(), t->f32(), t->f32() + t->numel());
+    }
+    ASSERT_EQ(results[0].size(), results[1].size());
+    EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)),
+              0);
+  }
 }
 
 TEST(KernelGrad, CrossEntropy) {

@@ -2,12 +2,18 @@
 // Layout: token-major with a row stride, so GPT-2's fused qkv buffer [B*T, 3C] is used in
 // place (q at +0, k at +C, v at +2C, stride 3C) and separate q/k/v projections also work.
 //   q[(b*T + t)*q_stride + h*HD + i],  k/v[(b*T + t)*kv_stride + g*HD + i], g = h / (NH/NKV)
-//   out[B*T, NH*HD] (contiguous), att[B, NH, T, T] saved softmax probabilities (row t holds
-//   t+1 valid entries; the rest are zero).
+//   out[B*T, NH*HD] (contiguous), att[B, NH, T, P + T] saved softmax probabilities: columns
+//   0..P-1 are the prefix keys, column P + s is key s (keys row t may not attend to hold
+//   zero). With P == 0 this is att[B, NH, T, T].
 // Packed sequences: with pos (position ids [B*T], restarting at 0 where a packed sample
 // starts) token t attends only to s in [t - pos[t], t], i.e. within its own sample; with
 // pos == nullptr the whole row is one sequence.
-// Backward accumulates into dq/dk/dv, which share the strides of q and k/v.
+// Prefix tuning (PEFT): P virtual key/value rows, shared by every batch row, that every
+// query (in every packed sample) attends to besides its causal keys; no mask, no RoPE:
+//   prefix_k/v[j*prefix_stride + g*HD + i], j < P. One softmax spans prefix and causal keys.
+// Backward accumulates (+=) into dq/dk/dv, which share the strides of q and k/v, and, when
+// non-null, into dprefix_k/v[B, P, NKV*HD] (contiguous): one slice per batch row so the
+// threads over b never race; the caller sums over B for the shared prefix's gradient.
 #pragma once
 
 #include <cstdint>
@@ -18,12 +24,17 @@ struct AttnDims {
   int64_t B, T, NH, NKV, HD;
   int64_t q_stride, kv_stride;
   const int32_t* pos = nullptr;
+  const float* prefix_k = nullptr;  // [P rows, row stride prefix_stride], head g at + g*HD
+  const float* prefix_v = nullptr;
+  int64_t P = 0;              // number of prefix (virtual) tokens
+  int64_t prefix_stride = 0;  // floats between consecutive prefix rows
 };
 
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
                        const AttnDims& d);
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                        const float* k, const float* v, const float* att, const AttnDims& d);
+                        const float* k, const float* v, const float* att, const AttnDims& d,
+                        float* dprefix_k = nullptr, float* dprefix_v = nullptr);
 
 // Inference with a KV cache (batch 1): n new queries at absolute positions past..past+n-1
 // attend causally to cached keys/values rows [0, past + n).
