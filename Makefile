@@ -40,7 +40,7 @@ test: build build-asan
 
 test-asan:
 	ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=1 $(ASAN_BUILD)/loom_unit_tests \
-	  --gtest_filter='Safetensors*:Config*:Schedule*:CliErrors*:Checkpoint*:KernelGrad*:ModuleGrad*:LlamaGrad*:Conversation*:ChatTemplates*:Generate*:Packing*:Gguf*:SftDataset*:Tokenizer*'
+	  --gtest_filter='Safetensors*:Config*:Schedule*:CliErrors*:Checkpoint*:KernelGrad*:ModuleGrad*:LlamaGrad*:Conversation*:ChatTemplates*:Generate*:Packing*:Gguf*:SftDataset*:Tokenizer*:Peft*:QMatmul*:TrainPeft*'
 
 # Benchmark: one GPT-2 124M training step, ours vs PyTorch's, same machine and threads.
 bench: build

@@ -36,6 +36,16 @@ struct TempDir {
   }
 };
 
+// The message of the loom::Error fn throws, or "<no error>".
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
 inline void fill_normal(const Tensor& t, uint64_t seed, float scale = 1.0f) {
   float* p = t.f32();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(rng_normal(seed, 7, i)) * scale;

@@ -52,5 +52,29 @@ TEST(GoldenSmolLM2, GgufLogitsAndGreedyAnswerMatchTransformers) {
   EXPECT_EQ(got, want);
 }
 
+// The base kept in its ggml blocks (PEFT on a quantized base): every 2-D weight stays Q4_1 /
+// Q8_0 / ..., products dequantize a tile at a time, and the logits equal the dequantized
+// model's (up to summation order) against transformers' the same way.
+TEST(GoldenSmolLM2, QuantizedBaseGivesTheSameLogits) {
+  if (!std::filesystem::exists(gguf_path()))
+    GTEST_SKIP() << gguf_path() << " absent: run scripts/fetch_default_model.sh";
+  test::Golden g(test::fixture_dir() / "smollm2");
+  io::LoadOptions opt;
+  opt.keep_quantized = true;
+  auto model = io::load_model(gguf_path(), opt);
+  int64_t quantized = 0;
+  for (auto& p : model->params().all()) quantized += p->quantized();
+  EXPECT_EQ(quantized, 30 * 7 + 1) << "7 projections per layer and the embedding";
+  EXPECT_LT(model->params().value_bytes(), 120ll << 20) << "f32 would be 538 MB";
+  std::vector<int32_t> prompt = g.ids("input_ids");
+  const int64_t T = prompt.size(), V = model->vocab_size();
+  const Tensor& logits = model->forward(test::i32_tensor(prompt, {1, T}));
+  std::vector<float> tail = g.f32("logits_tail");
+  double max_abs = 0;
+  for (int64_t i = 0; i < 3 * V; ++i)
+    max_abs = std::max(max_abs, std::fabs(double(logits.f32()[(T - 3) * V + i]) - tail[i]));
+  EXPECT_LE(max_abs, 1e-3) << "logits of the last 3 positions";
+}
+
 }  // namespace
 }  // namespace loom

@@ -42,8 +42,9 @@ class CliErrors : public ::testing::Test {
     write(data, std::string(4000, 'a'));
     fs::path cfg = tmp.path / "cfg.json";
     write(cfg, "{\"model\": " + model_json + ", \"data\": {\"path\": \"" + data.string() +
-                   "\", \"seq_len\": 8, \"tokenizer\": \"bytes\"}, \"train_steps\": 1, \"output_dir\": \"" + out().string() +
-                   "\"" + extra + "}");
+                   "\", \"seq_len\": 8, \"tokenizer\": \"bytes\"}, \"train_steps\": 1, "
+                   "\"output_dir\": \"" +
+                   out().string() + "\"" + extra + "}");
     return cfg.string();
   }
   // A tiny GPT-2 folder saved by loom itself.

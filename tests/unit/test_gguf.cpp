@@ -28,6 +28,8 @@
 namespace loom::io {
 namespace {
 
+using test::error_of;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
@@ -37,15 +39,6 @@ fs::path tiny_path() { return gguf_dir() / "tiny.gguf"; }
 json expected_json() {
   std::ifstream in(gguf_dir() / "expected_metadata.json");
   return json::parse(in);
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 std::string open_error(const fs::path& p) {

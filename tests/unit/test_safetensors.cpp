@@ -19,11 +19,14 @@
 #include <string>
 #include <vector>
 
+#include "common/test_util.h"
 #include "loom/io/safetensors.h"
 #include "loom/util/error.h"
 
 namespace loom::io {
 namespace {
+
+using loom::test::error_of;
 
 namespace fs = std::filesystem;
 
@@ -57,15 +60,6 @@ void write_raw(const fs::path& p, const std::string& header, const std::string& 
   const uint64_t n = header_len.value_or(header.size());
   out.write(reinterpret_cast<const char*>(&n), 8);
   out << header << data;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 std::string open_error(const fs::path& p) {

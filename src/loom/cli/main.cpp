@@ -3,6 +3,8 @@
 //   loom generate --model PATH --prompt TEXT [--chat 1] [sampling flags]
 //   loom chat --model PATH [sampling flags]          (interactive; keeps the conversation)
 //   loom forward --model DIR (--ids 1,2,3 | --text TEXT) --out FILE.safetensors
+//   loom export --model PATH [--merge] --out DIR     (an HF folder; LoRA merged in)
+// --model may be a PEFT adapter folder (its base from base_model_name_or_path, or --base).
 // Errors print one line naming the file/key/tensor and exit 1; usage errors exit 2.
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 
 #include "loom/io/hf_checkpoint.h"
 #include "loom/io/model_loader.h"
+#include "loom/io/peft_adapter.h"
 #include "loom/io/safetensors.h"
 #include "loom/io/tokenizer_loader.h"
 #include "loom/models/generate.h"
@@ -23,6 +26,7 @@
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
 #include "loom/util/error.h"
+#include "loom/util/path.h"
 
 namespace {
 
@@ -33,7 +37,9 @@ constexpr const char* kUsage =
     "  loom chat --model PATH [--system S] [sampling]\n"
     "     PATH: an HF folder, a loom checkpoint or a .gguf file; sampling: --max-tokens N\n"
     "     --temperature F (0: greedy) --top-k K --top-p P --seed S --tokenizer auto|bytes|model\n"
-    "  loom forward --model DIR (--ids 1,2,3 | --text TEXT) --out FILE.safetensors\n";
+    "     a PEFT adapter folder as PATH loads its base model too (or --base BASE)\n"
+    "  loom forward --model PATH (--ids 1,2,3 | --text TEXT) --out FILE.safetensors\n"
+    "  loom export --model PATH [--base BASE] --merge --out DIR   (HF folder, adapter merged)\n";
 
 struct UsageError : loom::Error {
   using loom::Error::Error;
@@ -48,7 +54,9 @@ struct Args {
     Args a;
     for (int i = first; i < argc; ++i) {
       std::string s = argv[i];
-      if (s.rfind("--", 0) == 0) {
+      if (s == "--merge") {  // the one switch that takes no value
+        a.flags.emplace_back(s, "1");
+      } else if (s.rfind("--", 0) == 0) {
         if (i + 1 >= argc) throw UsageError("missing value after " + s);
         a.flags.emplace_back(s, argv[++i]);
       } else {
@@ -130,7 +138,15 @@ loom::train::TextCodec codec_for_model(const std::string& path, const loom::mode
 }
 
 constexpr std::initializer_list<const char*> kSampleFlags = {
-    "--model", "--max-tokens", "--temperature", "--top-k", "--top-p", "--seed", "--tokenizer"};
+    "--model", "--base",  "--max-tokens", "--temperature",
+    "--top-k", "--top-p", "--seed",       "--tokenizer"};
+
+// The model --model names (with --base for an adapter folder whose base moved).
+std::unique_ptr<loom::models::CausalLM> load_model(const Args& a) {
+  loom::io::LoadOptions opt;
+  if (auto b = a.get("--base")) opt.base = loom::expand_user(*b);
+  return loom::io::load_model(*a.get("--model"), opt);
+}
 
 int cmd_generate(const Args& a) {
   std::vector<const char*> allowed(kSampleFlags);
@@ -139,7 +155,7 @@ int cmd_generate(const Args& a) {
   const std::string* path = a.get("--model");
   const std::string* prompt = a.get("--prompt");
   if (!path || !prompt) throw UsageError("generate needs --model PATH and --prompt TEXT");
-  auto model = loom::io::load_model(*path);
+  auto model = load_model(a);
   loom::train::TextCodec codec = codec_for_model(*path, *model, a);
   loom::models::SampleOptions opt = sample_options(a);
   const bool chat = a.get("--chat") && *a.get("--chat") != "0" && *a.get("--chat") != "false";
@@ -165,7 +181,7 @@ int cmd_chat(const Args& a) {
   a.only(allowed);
   const std::string* path = a.get("--model");
   if (!path) throw UsageError("chat needs --model PATH");
-  auto model = loom::io::load_model(*path);
+  auto model = load_model(a);
   loom::train::ChatSession s(*model, codec_for_model(*path, *model, a), sample_options(a),
                              a.get("--system") ? *a.get("--system") : "");
   const bool tty = ::isatty(fileno(stdin));
@@ -197,11 +213,11 @@ int cmd_chat(const Args& a) {
 }
 
 int cmd_forward(const Args& a) {
-  a.only({"--model", "--ids", "--text", "--out", "--tokenizer"});
+  a.only({"--model", "--base", "--ids", "--text", "--out", "--tokenizer"});
   const std::string* dir = a.get("--model");
   const std::string* out = a.get("--out");
-  if (!dir || !out) throw UsageError("forward needs --model DIR and --out FILE");
-  auto model = loom::io::load_model(*dir);
+  if (!dir || !out) throw UsageError("forward needs --model PATH and --out FILE");
+  auto model = load_model(a);
   std::vector<int32_t> ids;
   if (auto v = a.get("--ids")) {
     size_t start = 0;
@@ -228,6 +244,23 @@ int cmd_forward(const Args& a) {
   return 0;
 }
 
+int cmd_export(const Args& a) {
+  a.only({"--model", "--base", "--out", "--merge"});
+  const std::string* path = a.get("--model");
+  const std::string* out = a.get("--out");
+  if (!path || !out) throw UsageError("export needs --model PATH and --out DIR");
+  const bool merge = a.get("--merge") != nullptr;
+  const bool adapter = loom::io::is_adapter_folder(loom::expand_user(*path));
+  if (adapter && !merge)
+    throw UsageError(*path +
+                     " is an adapter folder: export writes it merged into its base (--merge)");
+  auto model = load_model(a);
+  loom::io::save_hf_checkpoint(*model, *out, loom::expand_user(*path));
+  std::fprintf(stderr, "loom: wrote %s (%s%s)\n", out->c_str(), model->arch().c_str(),
+               adapter ? ", adapter merged" : "");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -242,6 +275,7 @@ int main(int argc, char** argv) {
     if (cmd == "generate") return cmd_generate(a);
     if (cmd == "chat") return cmd_chat(a);
     if (cmd == "forward") return cmd_forward(a);
+    if (cmd == "export") return cmd_export(a);
     throw UsageError("unknown command '" + cmd + "'");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "loom: %s\n%s", e.what(), kUsage);

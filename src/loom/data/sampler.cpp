@@ -37,8 +37,8 @@ int64_t Sampler::sample_at(int64_t k) const {
 MicroBatch Sampler::micro_batch(int64_t step, int64_t micro) const {
   const int64_t T = ds_.seq_len();
   MicroBatch mb{Tensor::zeros({mbs_, T}, DType::I32), Tensor::zeros({mbs_, T}, DType::I32),
-                Tensor()};
-  const int64_t first = step * global_batch() + (micro * dp_ + rank_) * mbs_;
+                Tensor(), (micro * dp_ + rank_) * mbs_};
+  const int64_t first = step * global_batch() + mb.batch_row;
   if (ds_.packed()) mb.pos = Tensor::zeros({mbs_, T}, DType::I32);
   for (int64_t i = 0; i < mbs_; ++i) {
     const int64_t idx = sample_at(first + i);

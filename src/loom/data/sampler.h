@@ -14,9 +14,10 @@
 namespace loom::data {
 
 struct MicroBatch {
-  Tensor ids;      // [mbs, T] i32
-  Tensor targets;  // [mbs, T] i32
-  Tensor pos;      // [mbs, T] i32 position ids; undefined unless the dataset is packed
+  Tensor ids;             // [mbs, T] i32
+  Tensor targets;         // [mbs, T] i32
+  Tensor pos;             // [mbs, T] i32 position ids; undefined unless the dataset is packed
+  int64_t batch_row = 0;  // index of its first sample within the step's global batch
 };
 
 class Sampler {

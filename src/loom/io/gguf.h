@@ -27,7 +27,19 @@
 #include <variant>
 #include <vector>
 
+#include "loom/tensor/ggml_quant.h"
+
 namespace loom::io {
+
+// The ggml types and block decoders live in tensor/ggml_quant.h (training keeps frozen
+// weights in them); GGUF code and its tests name them through io::.
+using loom::dequantize;
+using loom::ggml_block_size;
+using loom::ggml_can_dequantize;
+using loom::ggml_type_known;
+using loom::ggml_type_name;
+using loom::ggml_type_size;
+using loom::GgmlType;
 
 // Metadata value types, with GGUF's numbering.
 enum class GgufType : uint32_t {
@@ -66,52 +78,6 @@ struct GgufValue {
   std::optional<uint64_t> to_u64() const;  // any non-negative integer scalar
   std::optional<double> to_f64() const;    // f32 or f64 scalar
 };
-
-// ggml tensor types, with ggml's numbering (gaps are types ggml has retired).
-enum class GgmlType : uint32_t {
-  F32 = 0,
-  F16 = 1,
-  Q4_0 = 2,
-  Q4_1 = 3,
-  Q5_0 = 6,
-  Q5_1 = 7,
-  Q8_0 = 8,
-  Q8_1 = 9,
-  Q2_K = 10,
-  Q3_K = 11,
-  Q4_K = 12,
-  Q5_K = 13,
-  Q6_K = 14,
-  Q8_K = 15,
-  IQ2_XXS = 16,
-  IQ2_XS = 17,
-  IQ3_XXS = 18,
-  IQ1_S = 19,
-  IQ4_NL = 20,
-  IQ3_S = 21,
-  IQ2_S = 22,
-  IQ4_XS = 23,
-  I8 = 24,
-  I16 = 25,
-  I32 = 26,
-  I64 = 27,
-  F64 = 28,
-  IQ1_M = 29,
-  BF16 = 30,
-  TQ1_0 = 34,
-  TQ2_0 = 35,
-  MXFP4 = 39,
-  NVFP4 = 40,
-  Q1_0 = 41,
-};
-// The type table: whether a raw type number is one ggml defines, its name ("Q4_K"), elements
-// per block and bytes per block (the size functions throw for an unknown value). Only the
-// types ggml_can_dequantize() accepts (the list at dequantize() below) become floats.
-bool ggml_type_known(uint32_t t);
-const char* ggml_type_name(GgmlType t);
-int64_t ggml_block_size(GgmlType t);
-int64_t ggml_type_size(GgmlType t);
-bool ggml_can_dequantize(GgmlType t);
 
 struct GgufTensorInfo {
   std::string name;
@@ -191,11 +157,6 @@ class GgufFile {
   std::map<std::string, size_t, std::less<>> index_;  // name -> position in tensors_
 };
 
-// Dequantizes n elements (a multiple of t's block size) of type t from src into dst.
-// Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, with ggml's block layouts.
-// Other types throw loom::Error naming the type. src need not be aligned.
-void dequantize(GgmlType t, const std::byte* src, int64_t n, float* dst);
-
 // Dequantizes rows [row_begin, row_end) of a tensor (a row is ne[0] elements, rows run over
 // ne[1..] flattened) into dst ((row_end - row_begin) * ne[0] floats), so callers can go tile
 // by tile. Throws naming the tensor and file for an unsupported type or a bad row range.
@@ -225,6 +186,11 @@ int64_t qk_permute_heads(const GgufFile& f, const std::string& gguf_name);
 // Dequantizes a whole tensor into dst (numel floats) in HF layout: row-major over
 // hf_shape(), with q/k rows restored for llama. For one tensor at a time.
 void read_hf_tensor(const GgufFile& f, const GgufTensorInfo& t, float* dst);
+
+// A 2-D weight kept in its ggml blocks (for a frozen, quantized base), rows in HF order
+// (the q/k permutation undone by moving whole rows). Throws naming the tensor for other
+// ranks or for types that cannot be dequantized.
+QuantMatrix read_hf_quant(const GgufFile& f, const GgufTensorInfo& t);
 
 // A transformers-style config.json for a llama or qwen2 GGUF: model_type, architectures,
 // hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,

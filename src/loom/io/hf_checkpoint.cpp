@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <vector>
 
@@ -77,49 +79,13 @@ void load_hf_weights(models::CausalLM& model, const fs::path& file_or_dir) {
   }
 }
 
-void save_hf_checkpoint(models::CausalLM& model, const fs::path& dir,
-                        const fs::path& tokenizer_from) {
+void write_folder_atomically(const fs::path& dir,
+                             const std::function<void(const fs::path&)>& fill) {
   const fs::path tmp_dir = dir.string() + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(tmp_dir);
   fs::create_directories(tmp_dir);
   try {
-    {
-      std::ofstream out(tmp_dir / "config.json");
-      out << model.hf_config().dump(2) << "\n";
-      LOOM_CHECK(out.good(), (tmp_dir / "config.json").string() + ": write failed");
-    }
-    // HF layout: transposed copies for Conv1D weights, views of our buffers otherwise.
-    std::vector<std::vector<float>> transposed;
-    std::vector<StWriteTensor> tensors;
-    for (auto& p : model.params().all()) {
-      StWriteTensor t;
-      t.name = p->name;
-      t.dtype = StDType::F32;
-      t.nbytes = p->value.nbytes();
-      if (model.hf_transposed(*p)) {
-        const int64_t rows = p->shape[0], cols = p->shape[1];
-        auto& buf = transposed.emplace_back(rows * cols);
-        const float* src = p->value.f32();
-        for (int64_t o = 0; o < rows; ++o)
-          for (int64_t i = 0; i < cols; ++i) buf[i * rows + o] = src[o * cols + i];
-        t.shape = {cols, rows};
-        t.data = buf.data();
-      } else {
-        t.shape = p->shape;
-        t.data = p->value.raw();
-      }
-      tensors.push_back(std::move(t));
-    }
-    write_safetensors(tmp_dir / "model.safetensors", tensors, {{"format", "pt"}});
-    if (!tokenizer_from.empty()) {
-      if (fs::is_directory(tokenizer_from)) {
-        for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
-          if (fs::exists(tokenizer_from / f)) fs::copy_file(tokenizer_from / f, tmp_dir / f);
-      } else {
-        std::ofstream(tmp_dir / "tokenizer_source.json")
-            << nlohmann::json{{"gguf", fs::absolute(tokenizer_from).string()}}.dump() << "\n";
-      }
-    }
+    fill(tmp_dir);
     if (fs::exists(dir)) fs::remove_all(dir);
     fs::rename(tmp_dir, dir);
   } catch (...) {
@@ -127,6 +93,79 @@ void save_hf_checkpoint(models::CausalLM& model, const fs::path& dir,
     fs::remove_all(tmp_dir, ec);
     throw;
   }
+}
+
+void write_json_file(const fs::path& path, const nlohmann::json& j) {
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  LOOM_CHECK(out.good(), path.string() + ": write failed");
+}
+
+void write_tokenizer_files(const fs::path& dir, const fs::path& tokenizer_from) {
+  if (tokenizer_from.empty()) return;
+  if (fs::is_directory(tokenizer_from)) {
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                          "tokenizer_source.json"})
+      if (fs::exists(tokenizer_from / f)) fs::copy_file(tokenizer_from / f, dir / f);
+  } else {
+    write_json_file(dir / "tokenizer_source.json",
+                    nlohmann::json{{"gguf", fs::absolute(tokenizer_from).string()}});
+  }
+}
+
+void save_hf_checkpoint(models::CausalLM& model, const fs::path& dir,
+                        const fs::path& tokenizer_from) {
+  // LoRA branches merge into the weight they sit on; other PEFT parameters have no place in
+  // the base architecture.
+  std::map<const nn::Parameter*, const nn::LoRA*> lora_of;
+  for (nn::Linear* l : model.linears())
+    if (l->lora()) lora_of[l->weight()] = l->lora();
+  for (auto& p : model.params().all()) {
+    const bool lora_param =
+        p->name.ends_with(".lora_A.weight") || p->name.ends_with(".lora_B.weight");
+    LOOM_CHECK(!p->adapter || lora_param,
+               dir.string() + ": " + p->name +
+                   " belongs to a bottleneck adapter or prefix, which cannot be merged into the "
+                   "base weights (save the adapter folder instead)");
+  }
+  write_folder_atomically(dir, [&](const fs::path& tmp) {
+    write_json_file(tmp / "config.json", model.hf_config());
+    // HF layout, f32: views of our buffers where nothing changes; copies where a weight is
+    // dequantized, has LoRA merged in, or is a transposed Conv1D weight.
+    std::vector<std::vector<float>> copies;
+    std::vector<StWriteTensor> tensors;
+    for (auto& p : model.params().all()) {
+      if (p->adapter) continue;
+      StWriteTensor t;
+      t.name = p->name;
+      t.dtype = StDType::F32;
+      t.nbytes = shape_numel(p->shape) * sizeof(float);
+      t.shape = p->shape;
+      t.data = p->quantized() ? nullptr : p->value.raw();
+      auto lora = lora_of.find(p.get());
+      const bool transposed = model.hf_transposed(*p);
+      if (p->quantized() || lora != lora_of.end() || transposed) {
+        auto& buf = copies.emplace_back(shape_numel(p->shape));
+        if (p->quantized())
+          p->quant->dequantize_rows(0, p->quant->rows, buf.data());
+        else
+          std::copy_n(p->value.f32(), buf.size(), buf.begin());
+        if (lora != lora_of.end()) lora->second->merge_into(buf.data());
+        if (transposed) {
+          const int64_t rows = p->shape[0], cols = p->shape[1];
+          std::vector<float> tr(buf.size());
+          for (int64_t o = 0; o < rows; ++o)
+            for (int64_t i = 0; i < cols; ++i) tr[i * rows + o] = buf[o * cols + i];
+          buf.swap(tr);
+          t.shape = {cols, rows};
+        }
+        t.data = buf.data();
+      }
+      tensors.push_back(std::move(t));
+    }
+    write_safetensors(tmp / "model.safetensors", tensors, {{"format", "pt"}});
+    write_tokenizer_files(tmp, tokenizer_from);
+  });
 }
 
 }  // namespace loom::io

@@ -2,11 +2,15 @@
 // load: builds the model from config.json and fills every parameter, checking names and
 //       shapes (errors name the tensor and the file); GPT-2's Conv1D weights are transposed
 //       into our [out, in] layout.
-// save: writes config.json + model.safetensors in HF layout into a temporary folder beside
-//       `dir`, then renames it, so `dir` is either complete or absent.
+// save: writes config.json + model.safetensors in HF layout (f32) into a temporary folder
+//       beside `dir`, then renames it, so `dir` is either complete or absent. Quantized
+//       weights are written dequantized and LoRA branches merged into their weights (what
+//       `loom export --merge` produces); bottleneck adapters and prefixes cannot be merged
+//       and make it throw.
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 
 #include "loom/models/causal_lm.h"
@@ -23,5 +27,15 @@ void save_hf_checkpoint(models::CausalLM& model, const std::filesystem::path& di
 
 // Reads and parses a JSON file; errors name the file and the line of a syntax error.
 nlohmann::json read_json_file(const std::filesystem::path& path);
+void write_json_file(const std::filesystem::path& path, const nlohmann::json& j);
+
+// Output folders appear whole or not at all: fill() writes into a temporary folder beside
+// `dir`, which then replaces `dir`; on an exception the temporary folder is removed.
+void write_folder_atomically(const std::filesystem::path& dir,
+                             const std::function<void(const std::filesystem::path&)>& fill);
+// Copies tokenizer.json and friends from an HF folder, or for a GGUF file writes
+// tokenizer_source.json naming it (load_tokenizer follows that). Nothing for an empty path.
+void write_tokenizer_files(const std::filesystem::path& dir,
+                           const std::filesystem::path& tokenizer_from);
 
 }  // namespace loom::io

@@ -1,17 +1,32 @@
-// Loads a model from what users have: a Hugging Face folder (config.json + safetensors)
-// or a GGUF file (llama.cpp's format; llama and qwen2 architectures). GGUF weights are
-// dequantized to f32 one tensor at a time, with llama.cpp's q/k row order undone.
+// Loads a model from what users have: a Hugging Face folder (config.json + safetensors), a
+// GGUF file (llama.cpp's format; llama and qwen2 architectures), or a PEFT adapter folder
+// (adapter_config.json + adapter_model.safetensors), which loads its base model and then
+// attaches the adapter. GGUF weights are dequantized to f32 one tensor at a time, with
+// llama.cpp's q/k row order undone, unless keep_quantized asks to keep 2-D weights in
+// their ggml blocks (frozen, for PEFT on a quantized base).
 #pragma once
 
 #include <filesystem>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "loom/models/causal_lm.h"
 
 namespace loom::io {
 
+struct LoadOptions {
+  bool keep_quantized = false;
+  // Modules (PEFT's modules_to_save entries) whose weights load as f32 even so.
+  std::vector<std::string> keep_f32_modules;
+  // For an adapter folder: the base model to use instead of its base_model_name_or_path.
+  std::filesystem::path base;
+};
+
 bool is_gguf(const std::filesystem::path& p);  // a file whose name ends in .gguf
-std::unique_ptr<models::CausalLM> load_gguf_model(const std::filesystem::path& file);
-std::unique_ptr<models::CausalLM> load_model(const std::filesystem::path& folder_or_gguf);
+std::unique_ptr<models::CausalLM> load_gguf_model(const std::filesystem::path& file,
+                                                  const LoadOptions& opt = {});
+std::unique_ptr<models::CausalLM> load_model(const std::filesystem::path& path,
+                                             const LoadOptions& opt = {});
 
 }  // namespace loom::io

@@ -6,8 +6,8 @@
 
 #include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/kernels/cpu/elementwise.h"
-#include "loom/kernels/cpu/matmul.h"
 #include "loom/models/hf_config_keys.h"
+#include "loom/nn/weight_ops.h"
 #include "loom/util/error.h"
 
 namespace loom::models {
@@ -75,47 +75,19 @@ nlohmann::json GPT2Config::to_hf() const {
 }
 
 GPT2Block::GPT2Block(nn::ParamStore& ps, const std::string& name, const GPT2Config& c)
-    : ln_1_(ps, name + ".ln_1", c.n_embd, c.layer_norm_epsilon),
-      ln_2_(ps, name + ".ln_2", c.n_embd, c.layer_norm_epsilon),
-      // GPT-2 scales the init of residual output projections by 1/sqrt(2 * n_layer).
-      attn_(ps, name + ".attn", c.n_embd, c.n_head, c.initializer_range,
-            c.initializer_range / std::sqrt(2.0f * c.n_layer)),
-      mlp_(ps, name + ".mlp", c.n_embd, c.hidden(), c.initializer_range,
-           c.initializer_range / std::sqrt(2.0f * c.n_layer)) {}
-
-const Tensor& GPT2Block::forward(const Tensor& x, const int32_t* pos) {
-  nn::ensure(r1_, x.shape());
-  nn::ensure(out_, x.shape());
-  const Tensor& a = attn_.forward(ln_1_.forward(x), pos);
-  kernels::add(r1_.f32(), x.f32(), a.f32(), x.numel());
-  const Tensor& m = mlp_.forward(ln_2_.forward(r1_));
-  kernels::add(out_.f32(), r1_.f32(), m.f32(), x.numel());
-  return out_;
-}
-
-const Tensor& GPT2Block::forward_cached(const Tensor& x, const Tensor& kc, const Tensor& vc,
-                                        int64_t past) {
-  nn::ensure(r1_, x.shape());
-  nn::ensure(out_, x.shape());
-  const Tensor& a = attn_.forward_cached(ln_1_.forward(x), kc, vc, past);
-  kernels::add(r1_.f32(), x.f32(), a.f32(), x.numel());
-  const Tensor& m = mlp_.forward(ln_2_.forward(r1_));
-  kernels::add(out_.f32(), r1_.f32(), m.f32(), x.numel());
-  return out_;
-}
-
-void GPT2Block::backward(const Tensor& dout, const Tensor& dx, nn::Scratch& scratch) {
-  // out = r1 + mlp(ln_2(r1)); r1 = x + attn(ln_1(x))
-  Tensor dr1 = scratch.zeros("block.dr1", dout.shape());
-  dr1.copy_from(dout);
-  Tensor dh = scratch.zeros("block.dh", dout.shape());
-  mlp_.backward(dout, dh, scratch);
-  ln_2_.backward(dh, dr1);
-  dh = scratch.zeros("block.dh", dout.shape());
-  attn_.backward(dr1, dh, scratch);
-  ln_1_.backward(dh, dx);
-  kernels::add_inplace(dx.f32(), dr1.f32(), dx.numel());
-}
+    : PreNormBlock(
+          [&] { return nn::LayerNorm(ps, name + ".ln_1", c.n_embd, c.layer_norm_epsilon); },
+          [&] { return nn::LayerNorm(ps, name + ".ln_2", c.n_embd, c.layer_norm_epsilon); },
+          // GPT-2 scales the init of residual output projections by 1/sqrt(2 * n_layer).
+          [&] {
+            return nn::FusedQKVAttention(ps, name + ".attn", c.n_embd, c.n_head,
+                                         c.initializer_range,
+                                         c.initializer_range / std::sqrt(2.0f * c.n_layer));
+          },
+          [&] {
+            return nn::GeluMLP(ps, name + ".mlp", c.n_embd, c.hidden(), c.initializer_range,
+                               c.initializer_range / std::sqrt(2.0f * c.n_layer));
+          }) {}
 
 GPT2::GPT2(const GPT2Config& c)
     : cfg_(c),
@@ -125,6 +97,22 @@ GPT2::GPT2(const GPT2Config& c)
     blocks_.push_back(std::make_unique<GPT2Block>(ps_, "transformer.h." + std::to_string(l), c));
   ln_f_ = std::make_unique<nn::LayerNorm>(ps_, "transformer.ln_f", c.n_embd, c.layer_norm_epsilon);
   ps_.materialize();
+}
+
+std::vector<nn::Linear*> GPT2::linears() {
+  std::vector<nn::Linear*> out;
+  for (auto& blk : blocks_) blk->linears(out);
+  return out;
+}
+
+void GPT2::add_bottleneck_adapters(const nn::AdapterSpec& spec) {
+  for (size_t l = 0; l < blocks_.size(); ++l)
+    blocks_[l]->add_adapters(ps_, "transformer.h." + std::to_string(l), cfg_.n_embd, spec);
+}
+
+void GPT2::add_kv_prefix(const nn::PrefixSpec& spec) {
+  prefix_ = std::make_unique<nn::KVPrefix>(ps_, spec, cfg_.n_layer, cfg_.n_embd);
+  for (size_t l = 0; l < blocks_.size(); ++l) blocks_[l]->attn().attach_prefix(prefix_.get(), l);
 }
 
 bool GPT2::hf_transposed(const nn::Parameter& p) const {
@@ -141,11 +129,13 @@ bool GPT2::hf_ignorable(const std::string& name) const {
 
 const Tensor& GPT2::forward(const Tensor& ids, const Tensor& pos) {
   LOOM_CHECK(ids.ndim() == 2, "GPT2::forward: ids must be [B, T], got " + shape_str(ids.shape()));
-  const int64_t B = ids.dim(0), T = ids.dim(1), C = cfg_.n_embd;
-  LOOM_CHECK(T <= cfg_.n_positions, "sequence length " + std::to_string(T) +
-                                        " exceeds the model's n_positions " +
-                                        std::to_string(cfg_.n_positions));
+  const int64_t B = ids.dim(0), T = ids.dim(1), C = cfg_.n_embd, P = prefix_length();
+  LOOM_CHECK(P + T <= cfg_.n_positions,
+             "sequence length " + std::to_string(T) +
+                 (P ? " after a prefix of " + std::to_string(P) : std::string()) +
+                 " exceeds the model's n_positions " + std::to_string(cfg_.n_positions));
   ids_ = ids;
+  if (prefix_) prefix_->forward();
   const bool packed = pos.defined();
   if (packed) {
     LOOM_CHECK(pos.shape() == ids.shape(), "position ids " + shape_str(pos.shape()) +
@@ -156,25 +146,30 @@ const Tensor& GPT2::forward(const Tensor& ids, const Tensor& pos) {
     for (int64_t i = 0; i < B * T; ++i) pos_.i32()[i] = static_cast<int32_t>(i % T);
   }
   pos_is_custom_ = packed;
+  wpos_ = pos_;
+  if (P > 0) {
+    wpos_ = Tensor::zeros({B, T}, DType::I32);
+    for (int64_t i = 0; i < B * T; ++i) wpos_.i32()[i] = pos_.i32()[i] + static_cast<int32_t>(P);
+  }
   nn::ensure(x0_, {B, T, C});
   wte_.forward(ids.i32(), B * T, x0_, /*accumulate=*/false);
-  wpe_.forward(pos_.i32(), B * T, x0_, /*accumulate=*/true);
+  wpe_.forward(wpos_.i32(), B * T, x0_, /*accumulate=*/true);
   const Tensor* x = &x0_;
   for (auto& blk : blocks_) x = &blk->forward(*x, packed ? pos_.i32() : nullptr);
   const Tensor& h = ln_f_->forward(*x);
   nn::ensure(logits_, {B, T, cfg_.vocab_size});
-  kernels::matmul_forward(logits_.f32(), h.f32(), wte_.weight()->value.f32(), nullptr, B * T, C,
-                          cfg_.vocab_size);
+  nn::weight_forward(logits_.f32(), h.f32(), *wte_.weight(), nullptr, B * T);
   return logits_;
 }
 
-KVCache GPT2::new_cache() const {
+KVCache GPT2::new_cache() {
   KVCache c;
   c.capacity = cfg_.n_positions;
   for (int64_t l = 0; l < cfg_.n_layer; ++l) {
     c.k.push_back(Tensor::zeros({c.capacity, cfg_.n_embd}));
     c.v.push_back(Tensor::zeros({c.capacity, cfg_.n_embd}));
   }
+  prefill_prefix(c);
   return c;
 }
 
@@ -194,8 +189,7 @@ const Tensor& GPT2::forward_cached(const Tensor& ids, KVCache& cache) {
     x = &blocks_[l]->forward_cached(*x, cache.k[l], cache.v[l], past);
   const Tensor& h = ln_f_->forward(*x);
   nn::ensure(logits_, {1, n, cfg_.vocab_size});
-  kernels::matmul_forward(logits_.f32(), h.f32(), wte_.weight()->value.f32(), nullptr, n, C,
-                          cfg_.vocab_size);
+  nn::weight_forward(logits_.f32(), h.f32(), *wte_.weight(), nullptr, n);
   cache.len += n;
   ids_ = Tensor();
   return logits_;
@@ -211,8 +205,7 @@ double GPT2::backward(const Tensor& targets, float grad_scale) {
   // LM head, tied to wte: logits [B*T, V] = h [B*T, C] @ wte[V, C]^T
   nn::Parameter* wte = wte_.weight();
   Tensor dh = scratch_.zeros("gpt2.dh", {B, T, C});
-  kernels::matmul_backward(dh.f32(), wte->trainable ? wte->grad.f32() : nullptr, nullptr,
-                           logits_.f32(), ln_f_->output().f32(), wte->value.f32(), B * T, C, V);
+  nn::weight_backward(dh.f32(), logits_.f32(), ln_f_->output().f32(), *wte, nullptr, B * T);
   // Residual-stream gradients alternate between two buffers as we walk the blocks back.
   const char* slots[2] = {"gpt2.dres0", "gpt2.dres1"};
   int cur = 0;
@@ -224,8 +217,9 @@ double GPT2::backward(const Tensor& targets, float grad_scale) {
     dx = dprev;
     cur ^= 1;
   }
-  wpe_.backward(pos_.i32(), B * T, dx);
+  wpe_.backward(wpos_.i32(), B * T, dx);
   wte_.backward(ids_.i32(), B * T, dx);
+  if (prefix_) prefix_->backward(scratch_);
   return loss_sum;
 }
 

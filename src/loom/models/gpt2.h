@@ -14,6 +14,7 @@
 #include "loom/nn/embedding.h"
 #include "loom/nn/layernorm.h"
 #include "loom/nn/mlp.h"
+#include "loom/nn/prenorm_block.h"
 
 namespace loom::models {
 
@@ -33,18 +34,15 @@ struct GPT2Config {
   int64_t hidden() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
 };
 
-class GPT2Block {
+class GPT2Block : public nn::PreNormBlock<nn::LayerNorm, nn::FusedQKVAttention, nn::GeluMLP> {
  public:
   GPT2Block(nn::ParamStore& ps, const std::string& name, const GPT2Config& c);
-  const Tensor& forward(const Tensor& x, const int32_t* pos);  // x [B, T, C] -> [B, T, C]
-  void backward(const Tensor& dout, const Tensor& dx, nn::Scratch& scratch);
-  const Tensor& forward_cached(const Tensor& x, const Tensor& kc, const Tensor& vc, int64_t past);
-
- private:
-  nn::LayerNorm ln_1_, ln_2_;
-  nn::FusedQKVAttention attn_;
-  nn::GeluMLP mlp_;
-  Tensor r1_, out_;  // residual after attention, block output
+  const Tensor& forward(const Tensor& x, const int32_t* pos) {  // x [B, T, C] -> [B, T, C]
+    return finish(x, attn().forward(norm1().forward(x), pos));
+  }
+  const Tensor& forward_cached(const Tensor& x, const Tensor& kc, const Tensor& vc, int64_t past) {
+    return finish(x, attn().forward_cached(norm1().forward(x), kc, vc, past));
+  }
 };
 
 class GPT2 : public CausalLM {
@@ -53,7 +51,7 @@ class GPT2 : public CausalLM {
   nn::ParamStore& params() override { return ps_; }
   const Tensor& forward(const Tensor& ids, const Tensor& pos = Tensor()) override;
   double backward(const Tensor& targets, float grad_scale) override;
-  KVCache new_cache() const override;
+  KVCache new_cache() override;
   const Tensor& forward_cached(const Tensor& ids, KVCache& cache) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t max_positions() const override { return cfg_.n_positions; }
@@ -61,6 +59,10 @@ class GPT2 : public CausalLM {
   nlohmann::json hf_config() const override { return cfg_.to_hf(); }
   bool hf_transposed(const nn::Parameter& p) const override;
   bool hf_ignorable(const std::string& name) const override;
+  std::vector<nn::Linear*> linears() override;
+  void add_bottleneck_adapters(const nn::AdapterSpec& spec) override;
+  void add_kv_prefix(const nn::PrefixSpec& spec) override;
+  int64_t kv_heads() const override { return cfg_.n_head; }
   const GPT2Config& config() const { return cfg_; }
 
  private:
@@ -71,6 +73,7 @@ class GPT2 : public CausalLM {
   std::unique_ptr<nn::LayerNorm> ln_f_;  // built after the blocks: HF parameter order
   nn::Scratch scratch_;
   Tensor ids_, pos_, x0_, logits_;  // saved by forward
+  Tensor wpos_;                     // wpe rows: pos_ + prefix length
   bool pos_is_custom_ = false;      // pos_ came from the caller (packed rows)
 };
 

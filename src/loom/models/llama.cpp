@@ -4,8 +4,8 @@
 
 #include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/kernels/cpu/elementwise.h"
-#include "loom/kernels/cpu/matmul.h"
 #include "loom/models/hf_config_keys.h"
+#include "loom/nn/weight_ops.h"
 #include "loom/util/error.h"
 
 namespace loom::models {
@@ -93,50 +93,24 @@ nlohmann::json LlamaConfig::to_hf() const {
 }
 
 LlamaBlock::LlamaBlock(nn::ParamStore& ps, const std::string& name, const LlamaConfig& c)
-    : input_layernorm_(ps, name + ".input_layernorm", c.hidden_size, c.rms_norm_eps),
-      post_attention_layernorm_(ps, name + ".post_attention_layernorm", c.hidden_size,
-                                c.rms_norm_eps),
-      self_attn_(
-          ps, name + ".self_attn",
-          nn::GqaDims{c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.dim_head(),
-                      c.attention_bias, c.attention_bias && c.model_type != "qwen2"},
-          c.initializer_range),
-      mlp_(ps, name + ".mlp", c.hidden_size, c.intermediate_size, c.initializer_range) {}
-
-const Tensor& LlamaBlock::forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
-                                  const int32_t* pos) {
-  nn::ensure(h_, x.shape());
-  nn::ensure(out_, x.shape());
-  const Tensor& a = self_attn_.forward(input_layernorm_.forward(x), cos, sin, pos);
-  kernels::add(h_.f32(), x.f32(), a.f32(), x.numel());
-  const Tensor& m = mlp_.forward(post_attention_layernorm_.forward(h_));
-  kernels::add(out_.f32(), h_.f32(), m.f32(), x.numel());
-  return out_;
-}
-
-const Tensor& LlamaBlock::forward_cached(const Tensor& x, const Tensor& cos, const Tensor& sin,
-                                         const Tensor& kc, const Tensor& vc, int64_t past) {
-  nn::ensure(h_, x.shape());
-  nn::ensure(out_, x.shape());
-  const Tensor& a = self_attn_.forward_cached(input_layernorm_.forward(x), cos, sin, kc, vc, past);
-  kernels::add(h_.f32(), x.f32(), a.f32(), x.numel());
-  const Tensor& m = mlp_.forward(post_attention_layernorm_.forward(h_));
-  kernels::add(out_.f32(), h_.f32(), m.f32(), x.numel());
-  return out_;
-}
-
-void LlamaBlock::backward(const Tensor& dout, const Tensor& dx, nn::Scratch& scratch) {
-  // out = h + mlp(norm2(h)); h = x + attn(norm1(x))
-  Tensor dh = scratch.zeros("block.dr1", dout.shape());
-  dh.copy_from(dout);
-  Tensor dn = scratch.zeros("block.dh", dout.shape());
-  mlp_.backward(dout, dn, scratch);
-  post_attention_layernorm_.backward(dn, dh);
-  dn = scratch.zeros("block.dh", dout.shape());
-  self_attn_.backward(dh, dn, scratch);
-  input_layernorm_.backward(dn, dx);
-  kernels::add_inplace(dx.f32(), dh.f32(), dx.numel());
-}
+    : PreNormBlock(
+          [&] { return nn::RMSNorm(ps, name + ".input_layernorm", c.hidden_size, c.rms_norm_eps); },
+          [&] {
+            return nn::RMSNorm(ps, name + ".post_attention_layernorm", c.hidden_size,
+                               c.rms_norm_eps);
+          },
+          [&] {
+            return nn::GqaAttention(
+                ps, name + ".self_attn",
+                nn::GqaDims{c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+                            c.dim_head(), c.attention_bias,
+                            c.attention_bias && c.model_type != "qwen2"},
+                c.initializer_range);
+          },
+          [&] {
+            return nn::SwiGluMLP(ps, name + ".mlp", c.hidden_size, c.intermediate_size,
+                                 c.initializer_range);
+          }) {}
 
 Llama::Llama(const LlamaConfig& c)
     : cfg_(c), embed_(ps_, "model.embed_tokens", c.vocab_size, c.hidden_size, c.initializer_range) {
@@ -150,6 +124,33 @@ Llama::Llama(const LlamaConfig& c)
   inv_freq_ = kernels::rope_inv_freq(c.dim_head(), c.rope_theta, c.rope_scaling);
 }
 
+std::vector<nn::Linear*> Llama::linears() {
+  std::vector<nn::Linear*> out;
+  for (auto& blk : layers_) blk->linears(out);
+  return out;
+}
+
+void Llama::add_bottleneck_adapters(const nn::AdapterSpec& spec) {
+  for (size_t l = 0; l < layers_.size(); ++l)
+    layers_[l]->add_adapters(ps_, "model.layers." + std::to_string(l), cfg_.hidden_size, spec);
+}
+
+void Llama::add_kv_prefix(const nn::PrefixSpec& spec) {
+  prefix_ = std::make_unique<nn::KVPrefix>(ps_, spec, cfg_.num_hidden_layers,
+                                           cfg_.num_key_value_heads * cfg_.dim_head());
+  for (size_t l = 0; l < layers_.size(); ++l) layers_[l]->attn().attach_prefix(prefix_.get(), l);
+  pos_ = Tensor();  // rotary tables now start at position P
+}
+
+void Llama::set_rope(const Tensor& pos) {
+  const int64_t n = pos.numel(), P = prefix_length();
+  std::vector<int32_t> shifted(pos.i32(), pos.i32() + n);
+  for (int32_t& p : shifted) p += static_cast<int32_t>(P);
+  cos_ = Tensor::zeros({n, cfg_.dim_head() / 2});
+  sin_ = Tensor::zeros({n, cfg_.dim_head() / 2});
+  kernels::rope_tables(cos_.f32(), sin_.f32(), shifted.data(), n, inv_freq_);
+}
+
 nn::Parameter* Llama::head_weight() const { return lm_head_ ? lm_head_ : embed_.weight(); }
 
 bool Llama::hf_ignorable(const std::string& name) const {
@@ -159,25 +160,24 @@ bool Llama::hf_ignorable(const std::string& name) const {
 
 const Tensor& Llama::forward(const Tensor& ids, const Tensor& pos) {
   LOOM_CHECK(ids.ndim() == 2, "Llama::forward: ids must be [B, T], got " + shape_str(ids.shape()));
-  const int64_t B = ids.dim(0), T = ids.dim(1), C = cfg_.hidden_size, half = cfg_.dim_head() / 2;
-  LOOM_CHECK(T <= cfg_.max_position_embeddings, "sequence length " + std::to_string(T) +
-                                                    " exceeds max_position_embeddings " +
-                                                    std::to_string(cfg_.max_position_embeddings));
+  const int64_t B = ids.dim(0), T = ids.dim(1), C = cfg_.hidden_size, P = prefix_length();
+  LOOM_CHECK(P + T <= cfg_.max_position_embeddings,
+             "sequence length " + std::to_string(T) +
+                 (P ? " after a prefix of " + std::to_string(P) : std::string()) +
+                 " exceeds max_position_embeddings " +
+                 std::to_string(cfg_.max_position_embeddings));
   ids_ = ids;
+  if (prefix_) prefix_->forward();
   const bool packed = pos.defined();
   if (packed) {
     LOOM_CHECK(pos.shape() == ids.shape(), "position ids " + shape_str(pos.shape()) +
                                                " do not match ids " + shape_str(ids.shape()));
     pos_ = pos;
-    cos_ = Tensor::zeros({B * T, half});
-    sin_ = Tensor::zeros({B * T, half});
-    kernels::rope_tables(cos_.f32(), sin_.f32(), pos_.i32(), B * T, inv_freq_);
+    set_rope(pos_);
   } else if (!pos_.defined() || pos_.shape() != ids.shape() || pos_is_custom_) {
     pos_ = Tensor::zeros({B, T}, DType::I32);
     for (int64_t i = 0; i < B * T; ++i) pos_.i32()[i] = static_cast<int32_t>(i % T);
-    cos_ = Tensor::zeros({B * T, half});
-    sin_ = Tensor::zeros({B * T, half});
-    kernels::rope_tables(cos_.f32(), sin_.f32(), pos_.i32(), B * T, inv_freq_);
+    set_rope(pos_);
   }
   nn::ensure(x0_, {B, T, C});
   embed_.forward(ids.i32(), B * T, x0_, /*accumulate=*/false);
@@ -186,12 +186,11 @@ const Tensor& Llama::forward(const Tensor& ids, const Tensor& pos) {
   for (auto& blk : layers_) x = &blk->forward(*x, cos_, sin_, packed ? pos_.i32() : nullptr);
   const Tensor& h = norm_->forward(*x);
   nn::ensure(logits_, {B, T, cfg_.vocab_size});
-  kernels::matmul_forward(logits_.f32(), h.f32(), head_weight()->value.f32(), nullptr, B * T, C,
-                          cfg_.vocab_size);
+  nn::weight_forward(logits_.f32(), h.f32(), *head_weight(), nullptr, B * T);
   return logits_;
 }
 
-KVCache Llama::new_cache() const {
+KVCache Llama::new_cache() {
   KVCache c;
   c.capacity = cfg_.max_position_embeddings;
   const int64_t width = cfg_.num_key_value_heads * cfg_.dim_head();
@@ -199,6 +198,7 @@ KVCache Llama::new_cache() const {
     c.k.push_back(Tensor::zeros({c.capacity, width}));
     c.v.push_back(Tensor::zeros({c.capacity, width}));
   }
+  prefill_prefix(c);
   return c;
 }
 
@@ -219,8 +219,7 @@ const Tensor& Llama::forward_cached(const Tensor& ids, KVCache& cache) {
     x = &layers_[l]->forward_cached(*x, cos, sin, cache.k[l], cache.v[l], past);
   const Tensor& h = norm_->forward(*x);
   nn::ensure(logits_, {1, n, cfg_.vocab_size});
-  kernels::matmul_forward(logits_.f32(), h.f32(), head_weight()->value.f32(), nullptr, n, C,
-                          cfg_.vocab_size);
+  nn::weight_forward(logits_.f32(), h.f32(), *head_weight(), nullptr, n);
   cache.len += n;
   ids_ = Tensor();  // a training backward must follow a training forward
   return logits_;
@@ -235,8 +234,7 @@ double Llama::backward(const Tensor& targets, float grad_scale) {
       kernels::cross_entropy_backward(logits_.f32(), targets.i32(), B * T, V, grad_scale);
   nn::Parameter* head = head_weight();
   Tensor dh = scratch_.zeros("llama.dh", {B, T, C});
-  kernels::matmul_backward(dh.f32(), head->trainable ? head->grad.f32() : nullptr, nullptr,
-                           logits_.f32(), norm_->output().f32(), head->value.f32(), B * T, C, V);
+  nn::weight_backward(dh.f32(), logits_.f32(), norm_->output().f32(), *head, nullptr, B * T);
   const char* slots[2] = {"llama.dres0", "llama.dres1"};
   int cur = 0;
   Tensor dx = scratch_.zeros(slots[cur], {B, T, C});
@@ -248,6 +246,7 @@ double Llama::backward(const Tensor& targets, float grad_scale) {
     cur ^= 1;
   }
   embed_.backward(ids_.i32(), B * T, dx);
+  if (prefix_) prefix_->backward(scratch_);
   return loss_sum;
 }
 

@@ -15,6 +15,7 @@
 #include "loom/nn/embedding.h"
 #include "loom/nn/gqa_attention.h"
 #include "loom/nn/linear.h"
+#include "loom/nn/prenorm_block.h"
 #include "loom/nn/rmsnorm.h"
 #include "loom/nn/swiglu_mlp.h"
 
@@ -40,19 +41,16 @@ struct LlamaConfig {
   int64_t dim_head() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
 };
 
-class LlamaBlock {
+class LlamaBlock : public nn::PreNormBlock<nn::RMSNorm, nn::GqaAttention, nn::SwiGluMLP> {
  public:
   LlamaBlock(nn::ParamStore& ps, const std::string& name, const LlamaConfig& c);
-  const Tensor& forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const int32_t* pos);
-  void backward(const Tensor& dout, const Tensor& dx, nn::Scratch& scratch);
+  const Tensor& forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const int32_t* pos) {
+    return finish(x, attn().forward(norm1().forward(x), cos, sin, pos));
+  }
   const Tensor& forward_cached(const Tensor& x, const Tensor& cos, const Tensor& sin,
-                               const Tensor& kc, const Tensor& vc, int64_t past);
-
- private:
-  nn::RMSNorm input_layernorm_, post_attention_layernorm_;
-  nn::GqaAttention self_attn_;
-  nn::SwiGluMLP mlp_;
-  Tensor h_, out_;  // residual after attention, block output
+                               const Tensor& kc, const Tensor& vc, int64_t past) {
+    return finish(x, attn().forward_cached(norm1().forward(x), cos, sin, kc, vc, past));
+  }
 };
 
 class Llama : public CausalLM {
@@ -61,7 +59,7 @@ class Llama : public CausalLM {
   nn::ParamStore& params() override { return ps_; }
   const Tensor& forward(const Tensor& ids, const Tensor& pos = Tensor()) override;
   double backward(const Tensor& targets, float grad_scale) override;
-  KVCache new_cache() const override;
+  KVCache new_cache() override;
   const Tensor& forward_cached(const Tensor& ids, KVCache& cache) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t max_positions() const override { return cfg_.max_position_embeddings; }
@@ -69,10 +67,15 @@ class Llama : public CausalLM {
   nlohmann::json hf_config() const override { return cfg_.to_hf(); }
   bool hf_transposed(const nn::Parameter&) const override { return false; }
   bool hf_ignorable(const std::string& name) const override;
+  std::vector<nn::Linear*> linears() override;
+  void add_bottleneck_adapters(const nn::AdapterSpec& spec) override;
+  void add_kv_prefix(const nn::PrefixSpec& spec) override;
+  int64_t kv_heads() const override { return cfg_.num_key_value_heads; }
   const LlamaConfig& config() const { return cfg_; }
 
  private:
   nn::Parameter* head_weight() const;
+  void set_rope(const Tensor& pos);  // cos_/sin_ for positions pos + prefix length
 
   LlamaConfig cfg_;
   nn::ParamStore ps_;

@@ -20,10 +20,11 @@ FusedQKVAttention::FusedQKVAttention(ParamStore& ps, const std::string& name, in
 const Tensor& FusedQKVAttention::forward(const Tensor& x, const int32_t* pos) {
   const int64_t B = x.dim(0), T = x.dim(1);
   const Tensor& qkv = c_attn_.forward(x);  // [B, T, 3C]
-  ensure(att_, {B, NH_, T, T});
-  ensure(ctx_, {B, T, C_});
   const float* q = qkv.f32();
   kernels::AttnDims d{B, T, NH_, NH_, C_ / NH_, 3 * C_, 3 * C_, pos};
+  if (prefix_) prefix_->bind(d, layer_);
+  ensure(att_, {B, NH_, T, d.P + T});
+  ensure(ctx_, {B, T, C_});
   pos_ = pos;
   kernels::attention_forward(ctx_.f32(), att_.f32(), q, q + C_, q + 2 * C_, d);
   return c_proj_.forward(ctx_);
@@ -51,8 +52,16 @@ void FusedQKVAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& sc
   const float* q = c_attn_.output().f32();  // qkv saved by forward
   float* dq = dqkv.f32();
   kernels::AttnDims d{B, T, NH_, NH_, C_ / NH_, 3 * C_, 3 * C_, pos_};
+  Tensor dpk, dpv;  // per batch row [B, P, C], summed into the prefix's gradient
+  if (prefix_) {
+    prefix_->bind(d, layer_);
+    dpk = scratch.zeros("attn.dpk", {B, d.P, C_});
+    dpv = scratch.zeros("attn.dpv", {B, d.P, C_});
+  }
   kernels::attention_backward(dq, dq + C_, dq + 2 * C_, dctx.f32(), q, q + C_, q + 2 * C_,
-                              att_.f32(), d);
+                              att_.f32(), d, prefix_ ? dpk.f32() : nullptr,
+                              prefix_ ? dpv.f32() : nullptr);
+  if (prefix_) prefix_->accumulate(dpk.f32(), dpv.f32(), B, layer_);
   c_attn_.backward(dqkv, dx);
 }
 

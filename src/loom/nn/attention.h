@@ -5,8 +5,10 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "loom/nn/buffers.h"
+#include "loom/nn/kv_prefix.h"
 #include "loom/nn/linear.h"
 
 namespace loom::nn {
@@ -19,9 +21,17 @@ class FusedQKVAttention {
   void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
   // Inference, batch 1: x [1, n, C] at positions past..; appends k, v to kc/vc [capacity, C].
   const Tensor& forward_cached(const Tensor& x, const Tensor& kc, const Tensor& vc, int64_t past);
+  std::vector<Linear*> linears() { return {&c_attn_, &c_proj_}; }
+  // Prefix tuning: attend to `prefix`'s keys and values for `layer` as well.
+  void attach_prefix(KVPrefix* prefix, int64_t layer) {
+    prefix_ = prefix;
+    layer_ = layer;
+  }
 
  private:
   Linear c_attn_, c_proj_;
+  KVPrefix* prefix_ = nullptr;
+  int64_t layer_ = 0;
   int64_t C_, NH_;
   Tensor att_, ctx_;
   const int32_t* pos_ = nullptr;  // the forward's position ids (owned by the model)

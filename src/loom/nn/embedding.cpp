@@ -1,6 +1,7 @@
 #include "loom/nn/embedding.h"
 
 #include "loom/kernels/cpu/embedding.h"
+#include "loom/nn/weight_ops.h"
 
 namespace loom::nn {
 
@@ -11,7 +12,7 @@ Embedding::Embedding(ParamStore& ps, const std::string& name, int64_t rows, int6
 }
 
 void Embedding::forward(const int32_t* ids, int64_t N, const Tensor& out, bool accumulate) {
-  kernels::embedding_forward(out.f32(), ids, N, w_->value.f32(), rows_, C_, accumulate);
+  weight_rows(out.f32(), ids, N, *w_, accumulate);
 }
 
 void Embedding::backward(const int32_t* ids, int64_t N, const Tensor& dout) {

@@ -33,9 +33,10 @@ const Tensor& GqaAttention::forward(const Tensor& x, const Tensor& rope_cos, con
   sin_ = rope_sin;
   kernels::rope_forward(q.f32(), rope_cos.f32(), rope_sin.f32(), B * T, NH, D, NH * D);
   kernels::rope_forward(k.f32(), rope_cos.f32(), rope_sin.f32(), B * T, NKV, D, NKV * D);
-  ensure(att_, {B, NH, T, T});
-  ensure(ctx_, {B, T, NH * D});
   kernels::AttnDims ad{B, T, NH, NKV, D, NH * D, NKV * D, pos};
+  if (prefix_) prefix_->bind(ad, layer_);
+  ensure(att_, {B, NH, T, ad.P + T});
+  ensure(ctx_, {B, T, NH * D});
   pos_ = pos;
   kernels::attention_forward(ctx_.f32(), att_.f32(), q.f32(), k.f32(), v.f32(), ad);
   return o_.forward(ctx_);
@@ -67,8 +68,16 @@ void GqaAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch
   Tensor dk = scratch.zeros("gqa.dk", {B, T, NKV * D});
   Tensor dv = scratch.zeros("gqa.dv", {B, T, NKV * D});
   kernels::AttnDims ad{B, T, NH, NKV, D, NH * D, NKV * D, pos_};
+  Tensor dpk, dpv;  // per batch row [B, P, NKV*D], summed into the prefix's gradient
+  if (prefix_) {
+    prefix_->bind(ad, layer_);
+    dpk = scratch.zeros("gqa.dpk", {B, ad.P, NKV * D});
+    dpv = scratch.zeros("gqa.dpv", {B, ad.P, NKV * D});
+  }
   kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dctx.f32(), q_.output().f32(),
-                              k_.output().f32(), v_.output().f32(), att_.f32(), ad);
+                              k_.output().f32(), v_.output().f32(), att_.f32(), ad,
+                              prefix_ ? dpk.f32() : nullptr, prefix_ ? dpv.f32() : nullptr);
+  if (prefix_) prefix_->accumulate(dpk.f32(), dpv.f32(), B, layer_);
   kernels::rope_backward(dq.f32(), cos_.f32(), sin_.f32(), B * T, NH, D, NH * D);
   kernels::rope_backward(dk.f32(), cos_.f32(), sin_.f32(), B * T, NKV, D, NKV * D);
   q_.backward(dq, dx);

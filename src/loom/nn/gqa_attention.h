@@ -7,8 +7,10 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "loom/nn/buffers.h"
+#include "loom/nn/kv_prefix.h"
 #include "loom/nn/linear.h"
 
 namespace loom::nn {
@@ -29,10 +31,18 @@ class GqaAttention {
   // rotated keys and the values to kc/vc [capacity, NKV*D] at rows past..past+n-1.
   const Tensor& forward_cached(const Tensor& x, const Tensor& rope_cos, const Tensor& rope_sin,
                                const Tensor& kc, const Tensor& vc, int64_t past);
+  std::vector<Linear*> linears() { return {&q_, &k_, &v_, &o_}; }
+  // Prefix tuning: attend to `prefix`'s keys and values for `layer` as well.
+  void attach_prefix(KVPrefix* prefix, int64_t layer) {
+    prefix_ = prefix;
+    layer_ = layer;
+  }
 
  private:
   GqaDims d_;
   Linear q_, k_, v_, o_;
+  KVPrefix* prefix_ = nullptr;
+  int64_t layer_ = 0;
   Tensor att_, ctx_, cos_, sin_;
   const int32_t* pos_ = nullptr;
 };

@@ -1,16 +1,22 @@
 #include "loom/nn/linear.h"
 
-#include "loom/kernels/cpu/matmul.h"
 #include "loom/nn/buffers.h"
+#include "loom/nn/weight_ops.h"
 #include "loom/util/error.h"
 
 namespace loom::nn {
 
 Linear::Linear(ParamStore& ps, const std::string& name, int64_t in, int64_t out, bool bias,
                float init_std)
-    : in_(in), out_(out) {
+    : name_(name), in_(in), out_(out) {
   w_ = ps.add(name + ".weight", {out, in}, ParamKind::Weight, init_std);
   if (bias) b_ = ps.add(name + ".bias", {out}, ParamKind::Bias, 0.0f, 0.0f);
+}
+
+LoRA& Linear::attach_lora(ParamStore& ps, const LoraSpec& spec, const DropoutContext* ctx) {
+  LOOM_CHECK(!lora_, name_ + ": LoRA attached twice");
+  lora_ = std::make_unique<LoRA>(ps, name_, in_, out_, spec, ctx);
+  return *lora_;
 }
 
 const Tensor& Linear::forward(const Tensor& x) {
@@ -20,18 +26,14 @@ const Tensor& Linear::forward(const Tensor& x) {
   ys.back() = out_;
   ensure(y_, ys);
   x_ = x;
-  const int64_t N = x.numel() / in_;
-  kernels::matmul_forward(y_.f32(), x.f32(), w_->value.f32(), b_ ? b_->value.f32() : nullptr, N,
-                          in_, out_);
+  weight_forward(y_.f32(), x.f32(), *w_, b_, x.numel() / in_);
+  if (lora_) lora_->forward_add(x, y_);
   return y_;
 }
 
 void Linear::backward(const Tensor& dy, const Tensor& dx) {
-  const int64_t N = x_.numel() / in_;
-  float* dw = w_->trainable ? w_->grad.f32() : nullptr;
-  float* db = (b_ && b_->trainable) ? b_->grad.f32() : nullptr;
-  kernels::matmul_backward(dx.defined() ? dx.f32() : nullptr, dw, db, dy.f32(), x_.f32(),
-                           w_->value.f32(), N, in_, out_);
+  weight_backward(dx.defined() ? dx.f32() : nullptr, dy.f32(), x_.f32(), *w_, b_, x_.numel() / in_);
+  if (lora_) lora_->backward(dy, dx);
 }
 
 }  // namespace loom::nn

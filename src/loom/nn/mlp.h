@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "loom/nn/buffers.h"
 #include "loom/nn/linear.h"
@@ -16,6 +17,7 @@ class GeluMLP {
           float proj_init_std);
   const Tensor& forward(const Tensor& x);
   void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
+  std::vector<Linear*> linears() { return {&c_fc_, &c_proj_}; }
 
  private:
   Linear c_fc_, c_proj_;

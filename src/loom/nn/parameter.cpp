@@ -8,7 +8,6 @@ namespace loom::nn {
 
 Parameter* ParamStore::add(const std::string& name, const Shape& shape, ParamKind kind,
                            float init_std, float init_value) {
-  LOOM_CHECK(!materialized(), "parameter " + name + " declared after materialize()");
   LOOM_CHECK(find(name) == nullptr, "parameter " + name + " declared twice");
   auto p = std::make_unique<Parameter>();
   p->name = name;
@@ -22,40 +21,60 @@ Parameter* ParamStore::add(const std::string& name, const Shape& shape, ParamKin
 }
 
 void ParamStore::materialize() {
-  LOOM_CHECK(!materialized(), "ParamStore::materialize() called twice");
   size_t total = 0, total_grad = 0;
   for (auto& p : params_) {
+    LOOM_CHECK(!(p->quantized() && p->trainable),
+               "parameter " + p->name + " is quantized and cannot be trained");
     p->offset = total;
-    total += shape_numel(p->shape);
+    if (!p->quantized()) total += shape_numel(p->shape);
     if (p->trainable) {
       p->grad_offset = total_grad;
       total_grad += shape_numel(p->shape);
     }
   }
-  values_ = Tensor::zeros({static_cast<int64_t>(total)});
+  Tensor values = Tensor::zeros({static_cast<int64_t>(total)});
   grads_ = Tensor::zeros({static_cast<int64_t>(total_grad)});
-  for (auto& p : params_) {
-    p->value = values_.slice0(p->offset, p->offset + shape_numel(p->shape)).reshape(p->shape);
-    if (p->trainable)
-      p->grad =
-          grads_.slice0(p->grad_offset, p->grad_offset + shape_numel(p->shape)).reshape(p->shape);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = *params_[i];
+    const int64_t n = shape_numel(p.shape);
+    Tensor old = p.value;
+    p.value = p.quantized() ? Tensor() : values.slice0(p.offset, p.offset + n).reshape(p.shape);
+    if (i < n_materialized_ && old.defined() && p.value.defined()) p.value.copy_from(old);
+    p.grad =
+        p.trainable ? grads_.slice0(p.grad_offset, p.grad_offset + n).reshape(p.shape) : Tensor();
+  }
+  values_ = values;
+  n_fresh_ = n_materialized_;
+  n_materialized_ = params_.size();
+}
+
+void ParamStore::init_one(Parameter& p, uint64_t seed) {
+  float* v = p.value.f32();
+  const int64_t n = p.value.numel();
+  const uint64_t stream = stream_id(p.name);
+  if (p.init_bound > 0.0f) {
+    const double b = p.init_bound;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      v[i] = static_cast<float>((2.0 * rng_uniform(seed, stream, i) - 1.0) * b);
+  } else if (p.init_std > 0.0f) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      v[i] = static_cast<float>(rng_normal(seed, stream, i) * p.init_std);
+  } else {
+    for (int64_t i = 0; i < n; ++i) v[i] = p.init_value;
   }
 }
 
 void ParamStore::init(uint64_t seed) {
   LOOM_CHECK(materialized(), "ParamStore::init() before materialize()");
-  for (auto& p : params_) {
-    float* v = p->value.f32();
-    const int64_t n = p->value.numel();
-    if (p->init_std > 0.0f) {
-      const uint64_t stream = stream_id(p->name);
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i)
-        v[i] = static_cast<float>(rng_normal(seed, stream, i) * p->init_std);
-    } else {
-      for (int64_t i = 0; i < n; ++i) v[i] = p->init_value;
-    }
-  }
+  for (auto& p : params_)
+    if (!p->quantized()) init_one(*p, seed);
+}
+
+void ParamStore::init_new(uint64_t seed) {
+  LOOM_CHECK(materialized(), "ParamStore::init_new() before materialize()");
+  for (size_t i = n_fresh_; i < params_.size(); ++i) init_one(*params_[i], seed);
 }
 
 void ParamStore::zero_grads() {
@@ -71,6 +90,14 @@ Parameter* ParamStore::find(const std::string& name) const {
 int64_t ParamStore::numel() const {
   int64_t n = 0;
   for (auto& p : params_) n += shape_numel(p->shape);
+  return n;
+}
+
+int64_t ParamStore::value_bytes() const {
+  int64_t n = 0;
+  for (auto& p : params_)
+    n += p->quantized() ? static_cast<int64_t>(p->quant->bytes.size())
+                        : shape_numel(p->shape) * static_cast<int64_t>(sizeof(float));
   return n;
 }
 

@@ -2,13 +2,17 @@
 // Contract: modules declare parameters in their constructors; ParamStore::materialize()
 // then lays all values out in one flat f32 buffer and all trainable gradients in another
 // (the flat buffers are what optimizers, ZeRO partitioning and grad all-reduce work on).
-// Parameter pointers stay valid for the store's lifetime.
+// PEFT adds parameters and changes `trainable` after loading, then materializes again:
+// values are kept, views move to the new buffers. A frozen weight may instead be held in
+// ggml blocks (`quant`, QLoRA-style); it then has no f32 value and no slot in the buffer.
+// Parameter pointers stay valid for the store's lifetime; modules read p->value at use.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "loom/tensor/ggml_quant.h"
 #include "loom/tensor/tensor.h"
 
 namespace loom::nn {
@@ -29,13 +33,18 @@ struct Parameter {
   Shape full_shape;
   ShardSpec shard;
   bool trainable = true;
+  bool adapter = false;  // declared by a PEFT method, not part of the base model
   ParamKind kind = ParamKind::Weight;
   float init_std = 0.0f;  // normal(0, init_std); 0 with init_value: constant fill
   float init_value = 0.0f;
-  size_t offset = 0;       // element offset in the flat value buffer
-  size_t grad_offset = 0;  // element offset in the flat grad buffer (trainable only)
-  Tensor value;
-  Tensor grad;  // undefined when frozen
+  float init_bound = 0.0f;  // > 0: uniform(-init_bound, init_bound) instead
+  size_t offset = 0;        // element offset in the flat value buffer
+  size_t grad_offset = 0;   // element offset in the flat grad buffer (trainable only)
+  Tensor value;             // undefined when quant is set
+  Tensor grad;              // undefined when frozen
+  std::shared_ptr<const QuantMatrix> quant;  // frozen weight kept in ggml blocks, [out, in]
+
+  bool quantized() const { return quant != nullptr; }
 };
 
 class ParamStore {
@@ -43,8 +52,12 @@ class ParamStore {
   // Declares a parameter; init is normal(0, init_std) when init_std > 0, else init_value.
   Parameter* add(const std::string& name, const Shape& shape, ParamKind kind, float init_std,
                  float init_value = 0.0f);
-  // Allocates the flat buffers and makes every value/grad a view into them.
+  // Allocates the flat buffers and makes every value/grad a view into them. Called again
+  // after parameters were added, frozen or quantized, it lays the buffers out anew and
+  // copies every f32 value across (new parameters start at zero: call init_new()).
   void materialize();
+  // Initialises only the parameters added since the previous materialize().
+  void init_new(uint64_t seed);
   // Fills every value from its init rule, keyed by (seed, name, element) so the result
   // does not depend on layout or order.
   void init(uint64_t seed);
@@ -55,11 +68,16 @@ class ParamStore {
   Parameter* find(const std::string& name) const;  // nullptr if absent
   Tensor flat_values() const { return values_; }
   Tensor flat_grads() const { return grads_; }
-  int64_t numel() const;
+  int64_t numel() const;  // logical elements, quantized ones included
   int64_t trainable_numel() const;
+  int64_t value_bytes() const;  // f32 values plus quantized blocks
 
  private:
+  void init_one(Parameter& p, uint64_t seed);
+
   std::vector<std::unique_ptr<Parameter>> params_;
+  size_t n_materialized_ = 0;  // params_[0, n) had values before the last materialize()
+  size_t n_fresh_ = 0;         // first parameter added since the previous materialize()
   Tensor values_, grads_;
 };
 

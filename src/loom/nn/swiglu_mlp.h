@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "loom/nn/buffers.h"
 #include "loom/nn/linear.h"
@@ -15,6 +16,7 @@ class SwiGluMLP {
   SwiGluMLP(ParamStore& ps, const std::string& name, int64_t C, int64_t inter, float init_std);
   const Tensor& forward(const Tensor& x);
   void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
+  std::vector<Linear*> linears() { return {&gate_, &up_, &down_}; }
 
  private:
   Linear gate_, up_, down_;

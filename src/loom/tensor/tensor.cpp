@@ -1,5 +1,8 @@
 #include "loom/tensor/tensor.h"
 
+#include <sys/mman.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -50,18 +53,50 @@ std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
+namespace {
+// Buffers this large come straight from mmap: the kernel hands out zero pages lazily, so
+// a buffer costs resident memory only where it is written (a frozen quantized weight's
+// f32 slot that is never filled costs nothing).
+constexpr size_t kMmapBytes = size_t{1} << 20;
+std::atomic<int64_t> g_live{0}, g_peak{0};
+
+void account(int64_t delta) {
+  const int64_t now = g_live.fetch_add(delta) + delta;
+  int64_t peak = g_peak.load();
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+}  // namespace
+
+StorageStats storage_stats() { return {g_live.load(), g_peak.load()}; }
+void reset_storage_peak() { g_peak.store(g_live.load()); }
+
 Storage::Storage(size_t nbytes) : nbytes_(nbytes), owned_(true) {
-  size_t padded = (nbytes + 63) / 64 * 64;
-  data_ = static_cast<std::byte*>(std::aligned_alloc(64, padded == 0 ? 64 : padded));
-  if (!data_) throw Error("out of memory allocating " + std::to_string(nbytes) + " bytes");
-  std::memset(data_, 0, padded == 0 ? 64 : padded);
+  const size_t padded = nbytes == 0 ? 64 : (nbytes + 63) / 64 * 64;
+  if (padded >= kMmapBytes) {
+    void* p = ::mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      throw Error("out of memory allocating " + std::to_string(nbytes) + " bytes");
+    data_ = static_cast<std::byte*>(p);
+    mapped_ = true;
+  } else {
+    data_ = static_cast<std::byte*>(std::aligned_alloc(64, padded));
+    if (!data_) throw Error("out of memory allocating " + std::to_string(nbytes) + " bytes");
+    std::memset(data_, 0, padded);
+  }
+  account(static_cast<int64_t>(nbytes_));
 }
 
 Storage::Storage(void* borrowed, size_t nbytes)
     : data_(static_cast<std::byte*>(borrowed)), nbytes_(nbytes), owned_(false) {}
 
 Storage::~Storage() {
-  if (owned_) std::free(data_);
+  if (!owned_) return;
+  account(-static_cast<int64_t>(nbytes_));
+  if (mapped_)
+    ::munmap(data_, nbytes_ == 0 ? 64 : (nbytes_ + 63) / 64 * 64);
+  else
+    std::free(data_);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dt) {

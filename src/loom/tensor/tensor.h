@@ -21,6 +21,14 @@ using Shape = std::vector<int64_t>;
 int64_t shape_numel(const Shape& s);
 std::string shape_str(const Shape& s);  // "[3, 16, 256]"
 
+// Bytes held by owned storage now, and the most held at once since the last reset (what
+// the engine reports as its measured memory, beside the process's peak RSS).
+struct StorageStats {
+  int64_t live_bytes = 0, peak_bytes = 0;
+};
+StorageStats storage_stats();
+void reset_storage_peak();
+
 // A block of bytes. Owned storage is zero-initialised.
 class Storage {
  public:
@@ -36,6 +44,7 @@ class Storage {
   std::byte* data_;
   size_t nbytes_;
   bool owned_;
+  bool mapped_ = false;  // from mmap (large buffers), else aligned_alloc
 };
 
 class Tensor {

@@ -57,6 +57,79 @@ struct Reader {
   }
 };
 
+// The `peft` section: {"method": lora|adapter|prefix, the method's keys} or
+// {"from_pretrained": adapter folder}. Keys of another method are errors.
+void parse_peft(const json& p, const std::string& where, TrainConfig& c) {
+  Reader r{where, "peft."};
+  const std::set<std::string> lora_keys = {
+      "r", "lora_alpha", "lora_dropout", "use_rslora", "target_modules", "modules_to_save", "bias"};
+  const std::set<std::string> adapter_keys = {"bottleneck_size", "non_linearity"};
+  const std::set<std::string> prefix_keys = {"num_virtual_tokens", "prefix_projection",
+                                             "encoder_hidden_size"};
+  std::set<std::string> all = {"method", "from_pretrained"};
+  for (const auto* ks : {&lora_keys, &adapter_keys, &prefix_keys})
+    all.insert(ks->begin(), ks->end());
+  r.only(p, all);
+  if (p.contains("from_pretrained")) {
+    LOOM_CHECK(p.size() == 1, r.key("from_pretrained") +
+                                  ": the adapter folder's adapter_config.json sets the method; "
+                                  "give no other peft keys");
+    c.peft_from = r.string(p, "from_pretrained", "");
+    return;
+  }
+  models::PeftConfig& pc = c.peft;
+  pc.method = r.string(p, "method", "");
+  const std::set<std::string>* mine = pc.method == "lora"      ? &lora_keys
+                                      : pc.method == "adapter" ? &adapter_keys
+                                      : pc.method == "prefix"  ? &prefix_keys
+                                                               : nullptr;
+  LOOM_CHECK(mine, r.key("method") + ": '" + pc.method + "' is not one of lora, adapter, prefix");
+  for (auto& [k, v] : p.items())
+    LOOM_CHECK(k == "method" || mine->count(k),
+               r.key(k) + " does not apply to method '" + pc.method + "'");
+  auto names = [&](const char* k) {
+    std::vector<std::string> out;
+    LOOM_CHECK(p[k].is_array(), r.key(k) + " must be a list of module names");
+    for (const auto& e : p[k]) {
+      LOOM_CHECK(e.is_string(), r.key(k) + " must be a list of module names");
+      out.push_back(e.get<std::string>());
+    }
+    return out;
+  };
+  if (pc.method == "lora") {
+    pc.lora.r = r.integer(p, "r", 8, 1);
+    pc.lora.alpha = static_cast<float>(r.number(p, "lora_alpha", 8.0));
+    pc.lora.dropout = static_cast<float>(r.number(p, "lora_dropout", 0.0));
+    LOOM_CHECK(pc.lora.dropout >= 0.0f && pc.lora.dropout < 1.0f,
+               r.key("lora_dropout") + " must be in [0, 1)");
+    pc.lora.rslora = r.boolean(p, "use_rslora", false);
+    LOOM_CHECK(p.contains("target_modules"), r.key("target_modules") +
+                                                 " is required (e.g. [\"q_proj\", \"v_proj\"] "
+                                                 "or \"all-linear\")");
+    if (p["target_modules"].is_string())
+      pc.target_regex = p["target_modules"].get<std::string>();
+    else
+      pc.target_modules = names("target_modules");
+    if (p.contains("modules_to_save")) pc.modules_to_save = names("modules_to_save");
+    pc.bias = r.string(p, "bias", "none");
+    LOOM_CHECK(pc.bias == "none" || pc.bias == "all" || pc.bias == "lora_only",
+               r.key("bias") + ": '" + pc.bias + "' is not one of none, all, lora_only");
+  } else if (pc.method == "adapter") {
+    pc.adapter.bottleneck = r.integer(p, "bottleneck_size", 64, 1);
+    pc.adapter.activation = r.string(p, "non_linearity", "gelu");
+    LOOM_CHECK(
+        pc.adapter.activation == "gelu" || pc.adapter.activation == "relu",
+        r.key("non_linearity") + ": '" + pc.adapter.activation + "' is not one of gelu, relu");
+  } else {
+    LOOM_CHECK(p.contains("num_virtual_tokens"), r.key("num_virtual_tokens") + " is required");
+    pc.num_virtual_tokens = r.integer(p, "num_virtual_tokens", 0, 1);
+    pc.prefix_projection = r.boolean(p, "prefix_projection", false);
+    pc.encoder_hidden_size = r.integer(p, "encoder_hidden_size", 0, 1);
+    LOOM_CHECK(pc.prefix_projection || !p.contains("encoder_hidden_size"),
+               r.key("encoder_hidden_size") + " needs prefix_projection: true");
+  }
+}
+
 }  // namespace
 
 void apply_override(json& j, const std::string& assignment) {
@@ -90,7 +163,7 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
   r.only(j, {"model", "data", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
              "train_batch_size", "train_steps", "seed", "output_dir", "optimizer", "scheduler",
              "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "no_decay",
-             "eval_interval", "zero_optimization", "fp16", "bf16"});
+             "eval_interval", "zero_optimization", "fp16", "bf16", "peft"});
   TrainConfig c;
   c.raw = j;
   LOOM_CHECK(j.contains("model"), where + ": config key 'model' is required");
@@ -227,6 +300,7 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
       if (e == "embedding") c.adamw.decay_embedding = false;
     }
   }
+  if (j.contains("peft")) parse_peft(j["peft"], where, c);
   if (j.contains("zero_optimization")) {
     Reader rz{where, "zero_optimization."};
     rz.only(j["zero_optimization"], {"stage"});

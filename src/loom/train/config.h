@@ -2,7 +2,8 @@
 // (train_micro_batch_size_per_gpu, gradient_accumulation_steps, train_batch_size,
 // optimizer{type,params}, scheduler{type,params}, gradient_clipping, steps_per_print,
 // wall_clock_breakdown) plus loom's own (model, data, train_steps, seed, output_dir,
-// no_decay). Unknown keys, wrong types and inconsistent batch sizes are errors naming the key.
+// no_decay, peft). Unknown keys, wrong types and inconsistent batch sizes are errors naming
+// the key.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/models/peft.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/schedule.h"
 
@@ -32,7 +34,10 @@ struct DataConfig {
 };
 
 struct TrainConfig {
-  nlohmann::json model;  // a path string, or {"path": ...}, or {"arch": ..., sizes...}
+  nlohmann::json model;  // a path string, or {"path", "keep_quantized"}, or {"arch", sizes...}
+  // PEFT: the method to attach, or (peft_from) a saved adapter folder to train further.
+  models::PeftConfig peft;
+  std::string peft_from;
   DataConfig data;
   int64_t micro_batch = 1, grad_accum = 1, train_batch = 1;
   int64_t train_steps = 100;

@@ -1,5 +1,6 @@
 #include "loom/train/trainer.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -9,6 +10,7 @@
 
 #include "loom/io/hf_checkpoint.h"
 #include "loom/io/model_loader.h"
+#include "loom/io/peft_adapter.h"
 #include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/models/gpt2.h"
 #include "loom/optim/clip.h"
@@ -20,14 +22,41 @@ namespace loom::train {
 
 namespace fs = std::filesystem;
 
+namespace {
+std::string mib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+  return buf;
+}
+
+int64_t peak_rss_bytes() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+}  // namespace
+
+std::string model_path(const nlohmann::json& m) {
+  if (m.is_string()) return m.get<std::string>();
+  if (m.is_object() && m.contains("path") && m["path"].is_string()) return m["path"];
+  return "";
+}
+
 std::unique_ptr<models::CausalLM> build_model(const nlohmann::json& m, uint64_t seed,
-                                              const std::string& where) {
-  if (m.is_string()) return io::load_model(m.get<std::string>());
+                                              const std::string& where, io::LoadOptions opt) {
+  if (m.is_string()) return io::load_model(m.get<std::string>(), opt);
   LOOM_CHECK(m.is_object(), where + ": config key 'model' must be a path or an object");
   if (m.contains("path")) {
-    LOOM_CHECK(m.size() == 1 && m["path"].is_string(),
-               where + ": config key 'model.path' must be the only key, a string");
-    return io::load_model(m["path"].get<std::string>());
+    for (auto& [k, v] : m.items())
+      LOOM_CHECK(k == "path" || k == "keep_quantized", where + ": unknown config key 'model." + k +
+                                                           "' (known here: keep_quantized, path)");
+    LOOM_CHECK(m["path"].is_string(), where + ": config key 'model.path' must be a string");
+    if (m.contains("keep_quantized")) {
+      LOOM_CHECK(m["keep_quantized"].is_boolean(),
+                 where + ": config key 'model.keep_quantized' must be true or false");
+      opt.keep_quantized = m["keep_quantized"].get<bool>();
+    }
+    return io::load_model(m["path"].get<std::string>(), opt);
   }
   LOOM_CHECK(m.value("arch", std::string()) == "gpt2",
              where + ": config key 'model.arch' must be \"gpt2\" (or give 'model.path')");
@@ -48,7 +77,26 @@ std::unique_ptr<models::CausalLM> build_model(const nlohmann::json& m, uint64_t 
 
 Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset)
     : cfg_(cfg), data_(std::move(dataset)) {
-  model_ = build_model(cfg.model, cfg.seed, "config");
+  // PEFT: the base stays frozen, so a GGUF base stays quantized unless the config says no.
+  io::LoadOptions load;
+  if (!cfg.peft_from.empty()) {
+    io::AdapterFolder a = io::read_adapter_config(expand_user(cfg.peft_from));
+    cfg_.peft = a.config;
+  }
+  load.keep_quantized = cfg_.peft.enabled();
+  load.keep_f32_modules = cfg_.peft.modules_to_save;
+  model_ = build_model(cfg.model, cfg.seed, "config", load);
+  LOOM_CHECK(!cfg_.peft.enabled() || model_path(cfg.model) != "",
+             "config: PEFT needs a pretrained base model (config key 'model' as a path)");
+  LOOM_CHECK(!io::is_adapter_folder(expand_user(model_path(cfg.model))) || !cfg_.peft.enabled(),
+             "config: 'model' is an adapter folder; to train it further give its base as "
+             "'model' and the folder as peft.from_pretrained");
+  models::apply_peft(*model_, cfg_.peft, cfg.seed);
+  if (!cfg.peft_from.empty()) io::load_adapter_weights(*model_, expand_user(cfg.peft_from));
+  for (auto& p : model_->params().all())
+    LOOM_CHECK(!p->quantized() || !p->trainable, "internal: quantized " + p->name + " trains");
+  LOOM_CHECK(model_->params().trainable_numel() > 0,
+             "config: nothing to train (every parameter is frozen)");
   if (!data_) {
     TextCodec codec;
     if (cfg.data.tokenizer == "bytes") {
@@ -73,6 +121,14 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset)
   sched_ = optim::Schedule::from_json(cfg.scheduler, cfg.adamw.lr, cfg.train_steps);
 }
 
+Trainer::MemoryReport Trainer::memory_report() const {
+  MemoryReport m;
+  m.weights = model_->params().value_bytes();
+  m.grads = static_cast<int64_t>(model_->params().flat_grads().nbytes());
+  m.optimizer = opt_->state_bytes();
+  return m;
+}
+
 StepStats Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   StepStats st;
@@ -91,10 +147,13 @@ StepStats Trainer::step() {
   nn::ParamStore& ps = model_->params();
   ps.zero_grads();
   double loss_sum = 0.0;
+  nn::DropoutContext& drop = model_->dropout();
   for (auto& mb : micro) {
+    drop = {true, cfg_.seed, step_, mb.batch_row * mb.ids.dim(1)};
     model_->forward(mb.ids, mb.pos);
     loss_sum += model_->backward(mb.targets, grad_scale);
   }
+  drop.training = false;
   st.loss = loss_sum / std::max<int64_t>(st.target_tokens, 1);
 
   // 3. Gradient sync: nothing to do at world size 1.
@@ -113,6 +172,7 @@ StepStats Trainer::step() {
 
 double Trainer::evaluate() {
   if (!valid_) return std::nan("");
+  model_->dropout().training = false;
   const int64_t T = valid_->seq_len(), B = cfg_.micro_batch, V = model_->vocab_size();
   double sum = 0.0;
   int64_t count = 0;
@@ -143,13 +203,18 @@ void Trainer::run() {
   const bool tty = ::isatty(fileno(stderr));
   nn::ParamStore& ps = model_->params();
   std::fprintf(stderr,
-               "loom: %s, %.2fM parameters (%.2fM trainable), %lld samples of %lld tokens, "
-               "batch %lld = %lld x %lld accumulation, %lld steps\n",
-               model_->arch().c_str(), ps.numel() / 1e6, ps.trainable_numel() / 1e6,
+               "loom: %s%s, %.2fM parameters, %.3fM trainable (%.2f%%), %lld samples of %lld "
+               "tokens, batch %lld = %lld x %lld accumulation, %lld steps\n",
+               model_->arch().c_str(),
+               cfg_.peft.enabled() ? (" + " + cfg_.peft.method).c_str() : "", ps.numel() / 1e6,
+               ps.trainable_numel() / 1e6, 100.0 * ps.trainable_numel() / ps.numel(),
                static_cast<long long>(data_->size()), static_cast<long long>(cfg_.data.seq_len),
                static_cast<long long>(cfg_.train_batch), static_cast<long long>(cfg_.micro_batch),
                static_cast<long long>(cfg_.grad_accum), static_cast<long long>(cfg_.train_steps));
   if (!data_summary_.empty()) std::fprintf(stderr, "data: %s\n", data_summary_.c_str());
+  MemoryReport mem = memory_report();
+  std::fprintf(stderr, "memory: weights %s, gradients %s, optimizer state %s\n",
+               mib(mem.weights).c_str(), mib(mem.grads).c_str(), mib(mem.optimizer).c_str());
   auto eval_line = [&] {
     const double ev = evaluate();
     if (std::isnan(ev)) return;
@@ -161,8 +226,11 @@ void Trainer::run() {
   eval_line();  // before training: the baseline the run should beat
   prof::enable(cfg_.wall_clock_breakdown);
   double elapsed = 0.0;
+  const int64_t live_before = storage_stats().live_bytes;
+  reset_storage_peak();
   while (step_ < cfg_.train_steps) {
     StepStats st = step();
+    if (step_ == 1) mem.activations = storage_stats().peak_bytes - live_before;
     elapsed += st.seconds;
     const double tok_s = st.tokens / st.seconds;
     nlohmann::json row = {{"step", st.step + 1},
@@ -197,12 +265,32 @@ void Trainer::run() {
                    t.ns[i] / 1e9);
     std::fprintf(stderr, "\n");
   }
+  mem.peak_rss = peak_rss_bytes();
+  std::fprintf(stderr,
+               "memory: weights %s, gradients %s, optimizer state %s, activations and scratch "
+               "%s (measured in the first step); peak RSS %s\n",
+               mib(mem.weights).c_str(), mib(mem.grads).c_str(), mib(mem.optimizer).c_str(),
+               mib(mem.activations).c_str(), mib(mem.peak_rss).c_str());
+  metrics << nlohmann::json{{"memory",
+                             {{"weights_bytes", mem.weights},
+                              {"grads_bytes", mem.grads},
+                              {"optimizer_bytes", mem.optimizer},
+                              {"activations_bytes", mem.activations},
+                              {"peak_rss_bytes", mem.peak_rss},
+                              {"trainable_params", ps.trainable_numel()},
+                              {"params", ps.numel()}}}}
+                 .dump()
+          << "\n";
   const fs::path ck = out / "checkpoint-final";
-  std::string source;
-  if (cfg_.model.is_string()) source = cfg_.model.get<std::string>();
-  if (cfg_.model.is_object() && cfg_.model.contains("path")) source = cfg_.model["path"];
-  io::save_hf_checkpoint(*model_, ck, source.empty() ? fs::path() : expand_user(source));
-  std::fprintf(stderr, "loom: saved %s\n", ck.string().c_str());
+  const std::string source = model_path(cfg_.model);
+  const fs::path tokenizer_from = source.empty() ? fs::path() : expand_user(source);
+  if (cfg_.peft.enabled()) {
+    io::save_adapter(*model_, cfg_.peft, ck, fs::absolute(tokenizer_from).string(), tokenizer_from);
+  } else {
+    io::save_hf_checkpoint(*model_, ck, tokenizer_from);
+  }
+  std::fprintf(stderr, "loom: saved %s%s\n", ck.string().c_str(),
+               cfg_.peft.enabled() ? " (PEFT adapter folder)" : "");
 }
 
 }  // namespace loom::train

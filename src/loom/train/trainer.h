@@ -11,6 +11,7 @@
 
 #include "loom/data/dataset.h"
 #include "loom/data/sampler.h"
+#include "loom/io/model_loader.h"
 #include "loom/models/causal_lm.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/schedule.h"
@@ -29,10 +30,11 @@ struct StepStats {
   double seconds = 0.0;
 };
 
-// Builds the model a config names: an HF folder path, or {"arch": "gpt2", sizes...}
-// initialised from `seed`.
+// Builds the model a config names: a path (HF folder, GGUF file, adapter folder), or
+// {"path", "keep_quantized"}, or {"arch": "gpt2", sizes...} initialised from `seed`.
 std::unique_ptr<models::CausalLM> build_model(const nlohmann::json& model_cfg, uint64_t seed,
-                                              const std::string& where);
+                                              const std::string& where, io::LoadOptions opt = {});
+std::string model_path(const nlohmann::json& model_cfg);  // "" for a model built from sizes
 
 class Trainer {
  public:
@@ -47,6 +49,13 @@ class Trainer {
   models::CausalLM& model() { return *model_; }
   const optim::AdamW& optimizer() const { return *opt_; }
   int64_t steps_done() const { return step_; }
+
+  // Bytes of model state (weights as held: f32 and quantized blocks; gradients and AdamW
+  // moments of the trainable parameters only) and what a step adds on top.
+  struct MemoryReport {
+    int64_t weights = 0, grads = 0, optimizer = 0, activations = 0, peak_rss = 0;
+  };
+  MemoryReport memory_report() const;
 
  private:
   TrainConfig cfg_;

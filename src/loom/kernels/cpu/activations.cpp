@@ -76,4 +76,16 @@ void swiglu_backward(float* dg, float* du, const float* dh, const float* g, cons
   }
 }
 
+void relu_forward(float* y, const float* x, int64_t n) {
+  prof::ScopedPhase ph(prof::Phase::Activation);
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+void relu_backward(float* dx, const float* x, const float* dy, int64_t n) {
+  prof::ScopedPhase ph(prof::Phase::Activation);
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dx[i] += x[i] > 0.0f ? dy[i] : 0.0f;
+}
+
 }  // namespace loom::kernels

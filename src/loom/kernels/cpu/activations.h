@@ -10,6 +10,10 @@ namespace loom::kernels {
 void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* x, const float* dy, int64_t n);
 
+// ReLU (bottleneck adapters): y = max(x, 0); dx[n] += dy[n] where x[n] > 0.
+void relu_forward(float* y, const float* x, int64_t n);
+void relu_backward(float* dx, const float* x, const float* dy, int64_t n);
+
 // SwiGLU (Llama's MLP): h[n] = silu(g[n]) * u[n], silu(g) = g * sigmoid(g).
 //   backward: dg[n] += dh * u * silu'(g), du[n] += dh * silu(g)
 void swiglu_forward(float* h, const float* g, const float* u, int64_t n);

@@ -1,0 +1,26 @@
+// Dropout whose mask is keyed by logical position, not by rank or call order: element i of
+// token row `row` in module `stream` at optimizer step `step` is kept when
+// rng(seed + step, stream, row * width + i) >= p, where row counts tokens from the start of
+// the step's global batch (first_row + n). Every parallel layout that sees the same
+// global batch therefore drops the same elements, and backward recomputes the mask
+// instead of storing it.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::nn {
+
+// Set by the trainer before each micro-batch; modules hold a pointer to their model's.
+struct DropoutContext {
+  bool training = false;  // false (evaluation, generation): dropout is the identity
+  uint64_t seed = 0;
+  int64_t step = 0;
+  int64_t first_row = 0;  // global token row of the micro-batch's first token
+};
+
+// v[rows, width] *= mask / (1 - p), in place. Forward applies it to a copy of the input;
+// backward applies the same call to the gradient.
+void dropout_apply(float* v, int64_t rows, int64_t width, float p, const DropoutContext& ctx,
+                   uint64_t stream);
+
+}  // namespace loom::nn
