@@ -9,7 +9,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 600
 
-.PHONY: all deps build build-asan demo test test-asan bench fixtures check-demo-checkpoint fuzz format clean
+.PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench fixtures check-demo-checkpoint fuzz format clean
 
 all: build
 
@@ -24,9 +24,14 @@ build-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=ON > /dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target loom loom_unit_tests
 
-# Train a small GPT-2 from scratch on the wiki demo text (bytes as tokens) for a few
-# minutes on 2 cores, then sample from the checkpoint it wrote.
+# The worked example: LoRA fine-tuning of SmolLM2-135M-Instruct (GGUF Q4_1 base kept
+# quantized) on ../shared/data/zh_dialogue.json, then Chinese prompts answered by the base
+# model and by the tuned one (scripts/demo.sh).
 demo: build
+	OMP_NUM_THREADS=2 bash scripts/demo.sh $(BUILD)
+
+# The earlier demo: a small GPT-2 trained from scratch on the wiki text, then sampled.
+demo-gpt2: build
 	OMP_NUM_THREADS=2 $(BUILD)/loom train configs/demo-gpt2-wiki.json
 	OMP_NUM_THREADS=2 $(BUILD)/loom generate --model out/demo-gpt2-wiki/checkpoint-final \
 	  --prompt "The history of " --max-tokens 300 --temperature 0.8 --top-k 40
@@ -51,10 +56,16 @@ fixtures:
 	bash scripts/ref_venv.sh $(REF_VENV)
 	$(REF_VENV)/bin/python scripts/make_fixtures.py
 
-# Checks that the demo's checkpoint loads in transformers with the same logits.
+# Checks the demo's output against the references: the LoRA adapter folder loads with
+# peft.PeftModel.from_pretrained on transformers' GGUF-loaded base with Loom's logits, and
+# the merged export (loom export --merge) loads in transformers with Loom's logits.
+DEMO_OUT ?= out/sft-smollm2-zh-lora/checkpoint-final
 check-demo-checkpoint: build
 	bash scripts/ref_venv.sh $(REF_VENV)
-	$(REF_VENV)/bin/python scripts/check_hf_checkpoint.py out/demo-gpt2-wiki/checkpoint-final --loom $(BUILD)/loom
+	$(REF_VENV)/bin/python scripts/check_peft_adapter.py $(DEMO_OUT) \
+	  $$(bash scripts/fetch_default_model.sh) --loom $(BUILD)/loom
+	$(BUILD)/loom export --model $(DEMO_OUT) --merge --out $(DEMO_OUT)-merged
+	$(REF_VENV)/bin/python scripts/check_hf_checkpoint.py $(DEMO_OUT)-merged --loom $(BUILD)/loom --tol 1e-3
 
 # libFuzzer + ASan/UBSan on every parser in fuzz/ (clang), FUZZ_SECONDS each (default 600),
 # seeded from tiny valid files (fuzz/make_seeds.py). Findings land in $(FUZZ_BUILD)/findings.

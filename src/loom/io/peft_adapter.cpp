@@ -20,11 +20,21 @@ constexpr const char* kPrefixKey = "prompt_embeddings";
 constexpr const char* kBottleneckType = "LOOM_BOTTLENECK_ADAPTER";
 
 // The adapter's tensors: PEFT's key -> our parameter (the prefix table has its own key).
+// A base parameter of a layer PEFT wrapped with LoRA (a bias trained with bias="all" or
+// "lora_only") lives under the wrapper's "base_layer." in PEFT's names.
 std::map<std::string, nn::Parameter*> adapter_tensors(models::CausalLM& model) {
+  std::map<const nn::Parameter*, std::string> wrapped;
+  for (nn::Linear* l : model.linears()) {
+    if (!l->lora()) continue;
+    wrapped[l->weight()] = l->name() + ".base_layer.weight";
+    if (l->bias()) wrapped[l->bias()] = l->name() + ".base_layer.bias";
+  }
   std::map<std::string, nn::Parameter*> out;
   for (auto& p : model.params().all()) {
     if (p->name.starts_with("prefix_encoder.")) continue;  // saved as the table
-    if (p->adapter || p->trainable) out["base_model.model." + p->name] = p.get();
+    if (!p->adapter && !p->trainable) continue;
+    auto w = wrapped.find(p.get());
+    out["base_model.model." + (w != wrapped.end() ? w->second : p->name)] = p.get();
   }
   return out;
 }

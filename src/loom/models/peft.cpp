@@ -86,9 +86,9 @@ void apply_peft(CausalLM& model, const PeftConfig& cfg, uint64_t seed) {
   if (cfg.method == "lora") {
     std::vector<nn::Linear*> targets = lora_targets(model, cfg);
     for (nn::Linear* l : targets) l->attach_lora(ps, cfg.lora, &model.dropout());
-    if (cfg.bias == "all") {
+    if (cfg.bias == "all") {  // PEFT: every parameter named *bias, norms' included
       for (auto& p : ps.all())
-        if (p->kind == nn::ParamKind::Bias) p->trainable = true;
+        if (p->name.ends_with(".bias")) p->trainable = true;
     } else if (cfg.bias == "lora_only") {
       for (nn::Linear* l : targets)
         if (l->bias()) l->bias()->trainable = true;

@@ -28,7 +28,9 @@ struct PeftConfig {
   std::vector<std::string> target_modules;
   std::string target_regex;                  // set instead of target_modules for a string
   std::vector<std::string> modules_to_save;  // trained in full (e.g. lm_head), saved whole
-  std::string bias = "none";                 // none | all | lora_only: which biases train
+  // Which biases train: none, all (every *.bias, norms' included, as PEFT), or lora_only
+  // (those of the LoRA-wrapped layers, saved as "<module>.base_layer.bias" as PEFT does).
+  std::string bias = "none";
 
   nn::AdapterSpec adapter;
 

@@ -3,6 +3,8 @@
 #include <cblas.h>
 
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "loom/nn/buffers.h"
 #include "loom/tensor/rng.h"
@@ -26,17 +28,31 @@ LoRA::LoRA(ParamStore& ps, const std::string& linear_name, int64_t in, int64_t o
   b_ = ps.add(linear_name + ".lora_B.weight", {out, spec.r}, ParamKind::Weight, 0.0f, 0.0f);
 }
 
+namespace {
+// The dropped input is not kept between forward and backward (it would cost an [N, in]
+// copy per LoRA layer): the mask is a function of the position, so backward rebuilds it in
+// this workspace, which every LoRA layer of the thread shares.
+float* workspace(int64_t n) {
+  static thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+}  // namespace
+
+const float* LoRA::dropped_input() const {
+  const int64_t N = x_.numel() / in_;
+  float* xd = workspace(N * in_);
+  std::memcpy(xd, x_.f32(), N * in_ * sizeof(float));
+  dropout_apply(xd, N, in_, spec_.dropout, *ctx_, stream_);
+  return xd;
+}
+
 void LoRA::forward_add(const Tensor& x, const Tensor& y) {
   prof::ScopedPhase ph(prof::Phase::Gemm);
   const int64_t N = x.numel() / in_, r = spec_.r;
   x_ = x;
   dropped_ = spec_.dropout > 0.0f && ctx_ && ctx_->training;
-  if (dropped_) {
-    ensure(xd_, {N, in_});
-    xd_.copy_from(x.reshape({N, in_}));
-    dropout_apply(xd_.f32(), N, in_, spec_.dropout, *ctx_, stream_);
-  }
-  const float* xd = dropped_ ? xd_.f32() : x.f32();
+  const float* xd = dropped_ ? dropped_input() : x.f32();
   ensure(u_, {N, r});
   // u[N, r] = xd @ A^T ; y[N, out] += scale * u @ B^T
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, r, in_, 1.0f, xd, in_, a_->value.f32(),
@@ -49,7 +65,7 @@ void LoRA::backward(const Tensor& dy, const Tensor& dx) {
   prof::ScopedPhase ph(prof::Phase::Gemm);
   const int64_t N = u_.dim(0), r = spec_.r;
   const float s = spec_.scale();
-  const float* xd = dropped_ ? xd_.f32() : x_.f32();
+  const float* xd = dropped_ ? dropped_input() : x_.f32();
   // du[N, r] = s * dy @ B
   Tensor du = Tensor::zeros({N, r});
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, r, out_, s, dy.f32(), out_,
@@ -67,12 +83,12 @@ void LoRA::backward(const Tensor& dy, const Tensor& dx) {
                 a_->value.f32(), in_, 1.0f, dx.f32(), in_);
     return;
   }
-  Tensor dxd = Tensor::zeros({N, in_});
+  float* dxd = workspace(N * in_);  // xd is no longer needed
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in_, r, 1.0f, du.f32(), r,
-              a_->value.f32(), in_, 0.0f, dxd.f32(), in_);
-  dropout_apply(dxd.f32(), N, in_, spec_.dropout, *ctx_, stream_);
+              a_->value.f32(), in_, 0.0f, dxd, in_);
+  dropout_apply(dxd, N, in_, spec_.dropout, *ctx_, stream_);
   float* d = dx.f32();
-  const float* g = dxd.f32();
+  const float* g = dxd;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N * in_; ++i) d[i] += g[i];
 }

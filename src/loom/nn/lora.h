@@ -5,7 +5,8 @@
 //   scale = lora_alpha / r, or lora_alpha / sqrt(r) with rsLoRA
 // Parameter names are the Linear's plus ".lora_A.weight" / ".lora_B.weight" (PEFT's names
 // without the adapter name), so `base_model.model.` + name is PEFT's saved key.
-//   forward_add: x [N, in], y [N, out] += ...  (saves u = A xd [N, r], and xd when dropout)
+//   forward_add: x [N, in], y [N, out] += ...  (saves x and u = A xd [N, r]; the dropout
+//                mask is recomputed in backward, not stored)
 //   backward   : dy [N, out] -> dA, dB accumulate; dx [N, in] += (dropout') scale (dy B) A
 #pragma once
 
@@ -43,8 +44,10 @@ class LoRA {
   int64_t in_, out_;
   const DropoutContext* ctx_;
   uint64_t stream_;
-  bool dropped_ = false;  // the last forward applied dropout (xd_ holds the dropped input)
-  Tensor x_, xd_, u_;
+  const float* dropped_input() const;  // dropout(x_) in a shared workspace
+
+  bool dropped_ = false;  // the last forward applied dropout
+  Tensor x_, u_;
 };
 
 }  // namespace loom::nn

@@ -223,11 +223,12 @@ void Trainer::run() {
     std::fprintf(stderr, "%sstep %lld  eval loss %.4f\n", tty ? "\r" : "",
                  static_cast<long long>(step_), ev);
   };
+  // Activations: what the first evaluation and step add to the model state already held.
+  const int64_t live_before = storage_stats().live_bytes;
+  reset_storage_peak();
   eval_line();  // before training: the baseline the run should beat
   prof::enable(cfg_.wall_clock_breakdown);
   double elapsed = 0.0;
-  const int64_t live_before = storage_stats().live_bytes;
-  reset_storage_peak();
   while (step_ < cfg_.train_steps) {
     StepStats st = step();
     if (step_ == 1) mem.activations = storage_stats().peak_bytes - live_before;
@@ -268,7 +269,7 @@ void Trainer::run() {
   mem.peak_rss = peak_rss_bytes();
   std::fprintf(stderr,
                "memory: weights %s, gradients %s, optimizer state %s, activations and scratch "
-               "%s (measured in the first step); peak RSS %s\n",
+               "%s (measured over the first step); peak RSS %s\n",
                mib(mem.weights).c_str(), mib(mem.grads).c_str(), mib(mem.optimizer).c_str(),
                mib(mem.activations).c_str(), mib(mem.peak_rss).c_str());
   metrics << nlohmann::json{{"memory",

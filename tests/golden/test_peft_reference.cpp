@@ -1,0 +1,87 @@
+// The other direction of PEFT parity: adapter folders that Loom writes after training load
+// with peft.PeftModel.from_pretrained on the transformers base model and give Loom's logits
+// (scripts/check_peft_adapter.py). Needs the reference environment (torch, transformers,
+// peft: scripts/ref_venv.sh); skipped where it is absent, as in CI.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+
+#include "common/test_util.h"
+#include "loom/io/peft_adapter.h"
+#include "loom/train/trainer.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path ref_python() {
+  if (const char* p = std::getenv("LOOM_REF_PYTHON")) return p;
+  const char* home = std::getenv("HOME");
+  return fs::path(home ? home : "/root") / ".cache/loom/ref-venv/bin/python";
+}
+
+std::pair<int, std::string> run(const std::string& cmd) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Trains a few steps of `peft` on a tiny base (bytes of a short text) and checks the folder.
+void train_and_check(const std::string& base, const nlohmann::json& peft) {
+  if (!fs::exists(ref_python())) GTEST_SKIP() << ref_python() << " absent (scripts/ref_venv.sh)";
+  test::TempDir tmp;
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "loom trains adapters; peft loads them. ";
+  std::ofstream(tmp.path / "data.txt") << text;
+  const fs::path base_dir = test::fixture_dir() / base;
+  nlohmann::json j = {{"model", base_dir.string()},
+                      {"data",
+                       {{"path", (tmp.path / "data.txt").string()},
+                        {"format", "text"},
+                        {"tokenizer", "bytes"},
+                        {"seq_len", 12}}},
+                      {"train_micro_batch_size_per_gpu", 4},
+                      {"train_steps", 5},
+                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 2e-2}}}}},
+                      {"peft", peft},
+                      {"output_dir", (tmp.path / "out").string()}};
+  train::Trainer t(train::parse_config(j, "test", 1));
+  t.run();
+  const fs::path ck = tmp.path / "out" / "checkpoint-final";
+  ASSERT_TRUE(io::is_adapter_folder(ck));
+  auto [code, out] =
+      run(ref_python().string() + " " +
+          (test::source_dir() / "scripts" / "check_peft_adapter.py").string() + " " + ck.string() +
+          " " + base_dir.string() + " --loom " + test::loom_binary() + " --len 12");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("check_peft_adapter: OK"), std::string::npos) << out;
+}
+
+TEST(PeftReference, LoraOnLlamaLoadsInPeft) {
+  train_and_check(
+      "llama_tiny",
+      {{"method", "lora"}, {"r", 4}, {"lora_alpha", 8}, {"target_modules", "all-linear"}});
+}
+
+TEST(PeftReference, LoraOnGpt2WithModulesToSaveLoadsInPeft) {
+  train_and_check("gpt2_tiny", {{"method", "lora"},
+                                {"r", 2},
+                                {"target_modules", {"c_attn", "c_fc"}},
+                                {"modules_to_save", {"ln_f"}},
+                                {"bias", "all"}});
+}
+
+TEST(PeftReference, PrefixOnLlamaLoadsInPeft) {
+  train_and_check("llama_tiny",
+                  {{"method", "prefix"}, {"num_virtual_tokens", 4}, {"prefix_projection", true}});
+}
+
+}  // namespace
+}  // namespace loom
