@@ -8,6 +8,10 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 600
+# Seconds one input may run before libFuzzer reports it as a timeout (its default is 1200).
+FUZZ_TIMEOUT ?= 30
+# Which targets to run (fuzz/fuzz_NAME.cpp), e.g. `make fuzz FUZZ_TARGETS=gguf`.
+FUZZ_TARGETS ?= $(patsubst fuzz/fuzz_%.cpp,%,$(wildcard fuzz/fuzz_*.cpp))
 
 .PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench fixtures check-demo-checkpoint fuzz format clean
 
@@ -68,18 +72,23 @@ check-demo-checkpoint: build
 	$(REF_VENV)/bin/python scripts/check_hf_checkpoint.py $(DEMO_OUT)-merged --loom $(BUILD)/loom --tol 1e-3
 
 # libFuzzer + ASan/UBSan on every parser in fuzz/ (clang), FUZZ_SECONDS each (default 600),
-# seeded from tiny valid files (fuzz/make_seeds.py). Findings land in $(FUZZ_BUILD)/findings.
+# seeded from tiny valid files (fuzz/make_seeds.py). Findings land in $(FUZZ_BUILD)/findings
+# and fail the target (the fuzzer's exit status, or any artifact there); logs in $(FUZZ_BUILD)/logs.
 fuzz: deps
 	@bash scripts/install_deps.sh --fuzz
 	@CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_FUZZ=ON -DLOOM_BUILD_TESTS=OFF > /dev/null
 	@cmake --build $(FUZZ_BUILD) -j $(JOBS)
 	@python3 fuzz/make_seeds.py $(FUZZ_BUILD)/seeds
-	@mkdir -p $(FUZZ_BUILD)/findings
-	@for f in $(FUZZ_BUILD)/fuzz_*; do t=$$(basename $$f | sed 's/^fuzz_//'); \
+	@mkdir -p $(FUZZ_BUILD)/findings $(FUZZ_BUILD)/logs
+	@for t in $(FUZZ_TARGETS); do f=$(FUZZ_BUILD)/fuzz_$$t; \
 	  mkdir -p $(FUZZ_BUILD)/corpus/$$t; cp -n $(FUZZ_BUILD)/seeds/$$t/* $(FUZZ_BUILD)/corpus/$$t/ 2>/dev/null; \
 	  echo "== fuzz $$t for $(FUZZ_SECONDS)s"; \
-	  $$f -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -artifact_prefix=$(FUZZ_BUILD)/findings/$$t- \
-	    $(FUZZ_BUILD)/corpus/$$t 2>&1 | tail -3 || exit 1; done
+	  $$f -max_total_time=$(FUZZ_SECONDS) -timeout=$(FUZZ_TIMEOUT) -rss_limit_mb=4096 \
+	    -artifact_prefix=$(FUZZ_BUILD)/findings/$$t- $(FUZZ_BUILD)/corpus/$$t \
+	    > $(FUZZ_BUILD)/logs/$$t.log 2>&1; rc=$$?; grep -E '^#[0-9]+' $(FUZZ_BUILD)/logs/$$t.log | tail -1; \
+	  if [ $$rc -ne 0 ] || ls $(FUZZ_BUILD)/findings/$$t-* > /dev/null 2>&1; then \
+	    tail -40 $(FUZZ_BUILD)/logs/$$t.log; \
+	    echo "fuzz $$t: finding (exit $$rc), see $(FUZZ_BUILD)/findings and $(FUZZ_BUILD)/logs/$$t.log"; exit 1; fi; done
 
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h')

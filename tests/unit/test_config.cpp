@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 
 #include "common/test_util.h"
 #include "loom/train/config.h"
@@ -80,6 +81,22 @@ TEST(Config, SetOverridesNestedKeysWithJsonValues) {
   EXPECT_EQ(j["output_dir"], "runs/a");
   EXPECT_EQ(j["data"]["shuffle"], false);
   EXPECT_THROW(train::apply_override(j, "novalue"), Error);
+  // A number too large for a double is not JSON to nlohmann (out_of_range): kept as text.
+  train::apply_override(j, "optimizer.params.lr=1e999");
+  EXPECT_EQ(j["optimizer"]["params"]["lr"], "1e999");
+}
+
+TEST(Config, NumberTooLargeForADoubleNamesTheFile) {
+  test::TempDir d;
+  const auto p = d.path / "big.json";
+  std::ofstream(p) << R"({"model": {"arch": "gpt2"}, "train_steps": 1e999})";
+  try {
+    train::load_config(p, {}, 1);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(p.string() + ": malformed JSON"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Schedule, DeepSpeedFormulas) {

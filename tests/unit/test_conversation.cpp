@@ -117,6 +117,22 @@ TEST(Conversation, AllLinesMalformedInSkipModeIsAnError) {
   }
 }
 
+TEST(Conversation, NumberTooLargeForADoubleIsAMalformedRecord) {
+  // Found by fuzz_dataset: nlohmann throws out_of_range (406, not parse_error) on a number
+  // literal that overflows a double, and it escaped read_conversations uncaught.
+  test::TempDir d;
+  fs::path jl = write(d, "big.jsonl", "{\"prompt\": \"a\", \"response\": \"b\"}\n1e999\n");
+  std::string e = error_of(jl);
+  EXPECT_NE(e.find("big.jsonl:2"), std::string::npos) << e;
+  EXPECT_NE(e.find("number overflow"), std::string::npos) << e;
+  data::ReadStats st;
+  EXPECT_EQ(data::read_conversations(jl, "auto", data::OnError::Skip, &st).size(), 1u);
+  EXPECT_EQ(st.skipped, 1);
+  fs::path arr = write(d, "big.json", R"([{"prompt": "a", "response": 8e888888}])");
+  e = error_of(arr);
+  EXPECT_NE(e.find("big.json: malformed JSON"), std::string::npos) << e;
+}
+
 TEST(ChatTemplates, ChatMLTrainsOnlyAssistantText) {
   Conversation c{{{"user", "hi"}, {"assistant", "hello"}}};
   data::TemplateOptions o;

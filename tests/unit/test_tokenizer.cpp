@@ -415,6 +415,8 @@ TEST(Tokenizer, MalformedJsonErrorsNameTheFile) {
       {"bad.json", "{\"model\": {\n  \"type\": \"BPE\",\n  \"vocab\": {\"a\": 0,}\n}",
        "bad.json:3"},
       {"array.json", "[1, 2]", "expected a JSON object"},
+      // A number that overflows a double throws json::out_of_range, not parse_error.
+      {"big_number.json", "{\"model\": {\"vocab\": {\"a\": 1e999}}}", "not valid JSON"},
       {"nomodel.json", with([](json& j) { j.erase("model"); }), "no 'model'"},
       {"wordpiece.json", with([](json& j) { j["model"]["type"] = "WordPiece"; }), "WordPiece"},
       {"unknown_merge.json", with([](json& j) {

@@ -139,6 +139,8 @@ std::vector<Conversation> read_conversations(const fs::path& path, const std::st
     } catch (const json::parse_error& e) {
       throw Error(path.string() + ":" + std::to_string(line_of(text, e.byte)) +
                   ": malformed JSON: " + e.what());
+    } catch (const json::exception& e) {  // e.g. out_of_range: a number too large for a double
+      throw Error(path.string() + ": malformed JSON: " + e.what());
     }
     LOOM_CHECK(arr.is_array(), path.string() + ": expected a JSON array of records");
     for (size_t i = 0; i < arr.size(); ++i)
@@ -154,7 +156,7 @@ std::vector<Conversation> read_conversations(const fs::path& path, const std::st
       if (l.find_first_not_of(" \t\r") != std::string_view::npos) {
         try {
           records.emplace_back(json::parse(l), where);
-        } catch (const json::parse_error& e) {
+        } catch (const json::exception& e) {  // parse_error, or out_of_range (number overflow)
           const std::string msg = where + ": malformed JSON line: " + e.what();
           if (on_error == OnError::Stop) throw Error(msg);
           ++st.skipped;

@@ -1072,6 +1072,8 @@ json parse_json_file(const std::filesystem::path& path, const std::string& text)
     const size_t at = std::min<size_t>(e.byte, text.size());
     const size_t line = 1 + std::count(text.begin(), text.begin() + at, '\n');
     throw Error(path.string() + ":" + std::to_string(line) + ": not valid JSON (" + e.what() + ")");
+  } catch (const json::exception& e) {  // e.g. out_of_range: a number too large for a double
+    throw Error(path.string() + ": not valid JSON (" + e.what() + ")");
   }
 }
 

@@ -29,6 +29,8 @@ nlohmann::json read_json_file(const fs::path& path) {
     size_t line = 1;
     for (size_t i = 0; i < e.byte && i < text.size(); ++i) line += text[i] == '\n';
     throw Error(path.string() + ":" + std::to_string(line) + ": malformed JSON: " + e.what());
+  } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range: a number too large
+    throw Error(path.string() + ": malformed JSON: " + e.what());
   }
 }
 

@@ -140,7 +140,7 @@ void apply_override(json& j, const std::string& assignment) {
   json value;
   try {
     value = json::parse(text);
-  } catch (const json::parse_error&) {
+  } catch (const json::exception&) {  // not JSON (or a number out of range): a string
     value = text;
   }
   json* node = &j;
