@@ -73,7 +73,8 @@ check-demo-checkpoint: build
 
 # libFuzzer + ASan/UBSan on every parser in fuzz/ (clang), FUZZ_SECONDS each (default 600),
 # seeded from tiny valid files (fuzz/make_seeds.py). Findings land in $(FUZZ_BUILD)/findings
-# and fail the target (the fuzzer's exit status, or any artifact there); logs in $(FUZZ_BUILD)/logs.
+# and fail the target (the fuzzer's exit status, any artifact there, or a UBSan report in
+# the log); logs in $(FUZZ_BUILD)/logs.
 fuzz: deps
 	@bash scripts/install_deps.sh --fuzz
 	@CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_FUZZ=ON -DLOOM_BUILD_TESTS=OFF > /dev/null
@@ -86,7 +87,8 @@ fuzz: deps
 	  $$f -max_total_time=$(FUZZ_SECONDS) -timeout=$(FUZZ_TIMEOUT) -rss_limit_mb=4096 \
 	    -artifact_prefix=$(FUZZ_BUILD)/findings/$$t- $(FUZZ_BUILD)/corpus/$$t \
 	    > $(FUZZ_BUILD)/logs/$$t.log 2>&1; rc=$$?; grep -E '^#[0-9]+' $(FUZZ_BUILD)/logs/$$t.log | tail -1; \
-	  if [ $$rc -ne 0 ] || ls $(FUZZ_BUILD)/findings/$$t-* > /dev/null 2>&1; then \
+	  if [ $$rc -ne 0 ] || ls $(FUZZ_BUILD)/findings/$$t-* > /dev/null 2>&1 || \
+	     grep -q 'runtime error:' $(FUZZ_BUILD)/logs/$$t.log; then \
 	    tail -40 $(FUZZ_BUILD)/logs/$$t.log; \
 	    echo "fuzz $$t: finding (exit $$rc), see $(FUZZ_BUILD)/findings and $(FUZZ_BUILD)/logs/$$t.log"; exit 1; fi; done
 

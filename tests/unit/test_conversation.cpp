@@ -133,6 +133,20 @@ TEST(Conversation, NumberTooLargeForADoubleIsAMalformedRecord) {
   EXPECT_NE(e.find("big.json: malformed JSON"), std::string::npos) << e;
 }
 
+TEST(Conversation, BlankFileWithANamedFormatIsAnError) {
+  // Found by fuzz_dataset (clang UBSan): an empty or whitespace-only file read as a JSON
+  // format indexed the text at npos, the byte before it (GCC's UBSan does not flag that).
+  // Here, the error it must give instead.
+  test::TempDir d;
+  for (const char* text : {"", " \n\t\r\n"}) {
+    fs::path p = write(d, "blank.jsonl", text);
+    for (const char* fmt : {"messages", "sharegpt", "alpaca", "prompt_response"}) {
+      const std::string e = error_of(p, fmt);
+      EXPECT_NE(e.find("blank.jsonl: no records"), std::string::npos) << fmt << ": " << e;
+    }
+  }
+}
+
 TEST(ChatTemplates, ChatMLTrainsOnlyAssistantText) {
   Conversation c{{{"user", "hi"}, {"assistant", "hello"}}};
   data::TemplateOptions o;

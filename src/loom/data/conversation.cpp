@@ -132,7 +132,7 @@ std::vector<Conversation> read_conversations(const fs::path& path, const std::st
 
   // Records with where-they-came-from, for error messages.
   std::vector<std::pair<json, std::string>> records;
-  if (text[first] == '[') {
+  if (first != std::string::npos && text[first] == '[') {  // npos: blank file, named format
     json arr;
     try {
       arr = json::parse(text);
