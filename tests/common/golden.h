@@ -54,16 +54,6 @@ inline Tensor i32_tensor(const std::vector<int32_t>& v, const Shape& shape) {
   return t;
 }
 
-// ||a - b|| / ||b||
-inline double rel_err(const float* a, const float* b, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-}
-
 // Our [out, in] parameter in HF's layout (Conv1D stores [in, out]).
 inline std::vector<float> hf_layout(const models::CausalLM& m, const nn::Parameter& p,
                                     const float* v) {

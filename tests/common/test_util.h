@@ -36,6 +36,16 @@ struct TempDir {
   }
 };
 
+// ||a - b|| / ||b||
+inline double rel_err(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
 // The message of the loom::Error fn throws, or "<no error>".
 inline std::string error_of(const std::function<void()>& fn) {
   try {

@@ -1,5 +1,7 @@
 // The `loom` program. Subcommands:
-//   loom train CONFIG.json [--set key.path=value ...]
+//   loom train CONFIG.json [--set key.path=value ...]   (under mpirun: one rank of the job)
+//   loom launch -n N [--hostfile F] -- train CONFIG.json ...   (runs mpirun for you)
+//   loom plan CONFIG.json --world N                  (memory per rank, each ZeRO stage)
 //   loom generate --model PATH --prompt TEXT [--chat 1] [sampling flags]
 //   loom chat --model PATH [sampling flags]          (interactive; keeps the conversation)
 //   loom forward --model DIR (--ids 1,2,3 | --text TEXT) --out FILE.safetensors
@@ -16,6 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "loom/dist/communicator.h"
+#include "loom/dist/launch.h"
+#include "loom/dist/mesh.h"
 #include "loom/io/hf_checkpoint.h"
 #include "loom/io/model_loader.h"
 #include "loom/io/peft_adapter.h"
@@ -24,6 +29,7 @@
 #include "loom/models/generate.h"
 #include "loom/train/chat_session.h"
 #include "loom/train/config.h"
+#include "loom/train/plan.h"
 #include "loom/train/trainer.h"
 #include "loom/util/error.h"
 #include "loom/util/path.h"
@@ -33,6 +39,8 @@ namespace {
 constexpr const char* kUsage =
     "usage:\n"
     "  loom train CONFIG.json [--set key.path=value ...]\n"
+    "  loom launch -n N [--hostfile FILE] -- train CONFIG.json ...   (N ranks via mpirun)\n"
+    "  loom plan CONFIG.json --world N [--set ...]   (memory per rank for ZeRO stages 0-3)\n"
     "  loom generate --model PATH --prompt TEXT [--chat 1] [--system S] [sampling]\n"
     "  loom chat --model PATH [--system S] [sampling]\n"
     "     PATH: an HF folder, a loom checkpoint or a .gguf file; sampling: --max-tokens N\n"
@@ -100,14 +108,64 @@ int64_t to_int(const std::string& s, const char* what) {
   throw UsageError(std::string(what) + ": '" + s + "' is not an integer");
 }
 
+// One process of a job (mpirun -np N loom train ..., or loom launch): every rank builds the
+// same model and trains its slice of each global batch. A rank that fails ends the whole
+// job (MPI_Abort) after saying which rank and why, so no other rank waits in a collective.
 int cmd_train(const Args& a) {
   a.only({"--set"});
   if (a.positional.size() != 1) throw UsageError("train takes one CONFIG.json");
   std::vector<std::string> sets;
   for (auto& [k, v] : a.flags) sets.push_back(v);
-  loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, /*world=*/1);
-  loom::train::Trainer trainer(cfg);
-  trainer.run();
+  std::unique_ptr<loom::dist::Communicator> world = loom::dist::make_world_communicator();
+  try {
+    loom::dist::ProcessMesh mesh(*world, /*tp=*/1, /*pp=*/1);
+    loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, mesh.shape().dp);
+    loom::train::Trainer trainer(cfg, nullptr, &mesh.dp());
+    trainer.run();
+  } catch (const std::exception& e) {
+    if (world->size() == 1) throw;
+    std::fprintf(stderr, "loom: rank %d of %d: error: %s\n", world->rank(), world->size(),
+                 e.what());
+    std::fflush(stderr);
+    world->abort(1);
+  }
+  return 0;
+}
+
+// loom launch -n N [--hostfile F] -- ARGS: runs `loom ARGS` as N ranks under mpirun.
+int cmd_launch(int argc, char** argv) {
+  int n = 0;
+  std::string hostfile;
+  int i = 2;
+  for (; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
+    const std::string s = argv[i];
+    if (i + 1 >= argc) throw UsageError("missing value after " + s);
+    if (s == "-n" || s == "--np")
+      n = static_cast<int>(to_int(argv[++i], "-n"));
+    else if (s == "--hostfile")
+      hostfile = argv[++i];
+    else
+      throw UsageError("unknown launch option " + s);
+  }
+  if (n < 1 || i >= argc) throw UsageError("launch needs -n N and -- followed by loom's arguments");
+  std::vector<std::string> rest(argv + i + 1, argv + argc);
+  if (rest.empty()) throw UsageError("launch: nothing to run after --");
+  return loom::dist::launch(n, rest, std::filesystem::read_symlink("/proc/self/exe").string(),
+                            hostfile);
+}
+
+// loom plan CONFIG --world N: bytes per rank for each ZeRO stage, from the model's shapes
+// alone (no weights read, nothing trained).
+int cmd_plan(const Args& a) {
+  a.only({"--world", "--set"});
+  if (a.positional.size() != 1) throw UsageError("plan takes one CONFIG.json");
+  const int world = a.get("--world") ? static_cast<int>(to_int(*a.get("--world"), "--world")) : 1;
+  if (world < 1) throw UsageError("--world must be at least 1");
+  std::vector<std::string> sets;
+  for (auto& [k, v] : a.flags)
+    if (k == "--set") sets.push_back(v);
+  loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, world);
+  std::printf("%s", loom::train::plan_report(cfg, world).c_str());
   return 0;
 }
 
@@ -270,12 +328,14 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   try {
+    if (cmd == "launch") return cmd_launch(argc, argv);
     Args a = Args::parse(argc, argv, 2);
     if (cmd == "train") return cmd_train(a);
     if (cmd == "generate") return cmd_generate(a);
     if (cmd == "chat") return cmd_chat(a);
     if (cmd == "forward") return cmd_forward(a);
     if (cmd == "export") return cmd_export(a);
+    if (cmd == "plan") return cmd_plan(a);
     throw UsageError("unknown command '" + cmd + "'");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "loom: %s\n%s", e.what(), kUsage);

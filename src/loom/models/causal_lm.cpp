@@ -4,6 +4,18 @@
 
 namespace loom::models {
 
+int CausalLM::block_unit(const std::string& name, const std::string& bp) {
+  if (!name.starts_with(bp)) return -1;
+  const size_t dot = name.find('.', bp.size());
+  return 1 + std::stoi(name.substr(bp.size(), dot - bp.size()));
+}
+
+std::vector<std::vector<nn::Parameter*>> CausalLM::units() {
+  std::vector<std::vector<nn::Parameter*>> u(num_units());
+  for (auto& p : params().all()) u[unit_of(p->name)].push_back(p.get());
+  return u;
+}
+
 void CausalLM::prefill_prefix(KVCache& c) {
   if (!prefix_) return;
   prefix_->forward();

@@ -32,6 +32,20 @@ struct KVCache {
   int64_t capacity = 0;  // max tokens (the model's positions)
 };
 
+// Engines that shard parameters (ZeRO-3) or overlap gradient communication with backward
+// (data parallel, ZeRO-2) follow the model through its units: groups of parameters it
+// visits in order. Unit 0: the embeddings; 1..L: the blocks; L+1: the final norm and the
+// LM head; L+2: the KV prefix, when there is one. forward acquires 0, 1, .., L+1 (and 0
+// again for a tied head); backward acquires them in reverse and reports each unit's
+// gradients complete as soon as they are. No hooks (the default): nothing happens.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void acquire(int unit) = 0;      // its parameter values are about to be read
+  virtual void release(int unit) = 0;      // ... and no longer are
+  virtual void grads_ready(int unit) = 0;  // its gradients for this backward are complete
+};
+
 class CausalLM {
  public:
   virtual ~CausalLM() = default;
@@ -62,17 +76,49 @@ class CausalLM {
   virtual void add_kv_prefix(const nn::PrefixSpec& spec) = 0;
   nn::KVPrefix* kv_prefix() { return prefix_.get(); }
   virtual int64_t kv_heads() const = 0;  // key/value heads per layer
+  // Estimated bytes of the activations one forward + backward of a [B, T] micro-batch keeps
+  // (saved tensors of every layer, logits, and the largest layer's backward scratch).
+  virtual int64_t activation_bytes(int64_t B, int64_t T) const = 0;
   // State of the dropout in PEFT modules; the trainer sets it before each micro-batch.
   nn::DropoutContext& dropout() { return dropout_; }
+
+  // The units (see UnitHooks): unit_of(parameter name), and every unit's parameters.
+  virtual int num_layers() const = 0;
+  int num_units() const { return num_layers() + 2 + (prefix_ ? 1 : 0); }
+  virtual int unit_of(const std::string& param_name) const = 0;
+  std::vector<std::vector<nn::Parameter*>> units();
+  void set_unit_hooks(UnitHooks* h) { hooks_ = h; }
 
  protected:
   // ---- shared by the implementations
   int64_t prefix_length() const { return prefix_ ? prefix_->length() : 0; }
+  // Block l's unit (l + 1) for a name starting with block_prefix + "l.", else -1.
+  static int block_unit(const std::string& name, const std::string& block_prefix);
+  // Holds a unit's parameters for a scope (no-op without hooks).
+  struct UnitScope {
+    UnitHooks* h;
+    int unit;
+    UnitScope(UnitHooks* hooks, int u) : h(hooks), unit(u) {
+      if (h) h->acquire(unit);
+    }
+    ~UnitScope() {
+      if (h) h->release(unit);
+    }
+    UnitScope(const UnitScope&) = delete;
+    UnitScope& operator=(const UnitScope&) = delete;
+  };
+  void grads_ready(int unit) {
+    if (hooks_) hooks_->grads_ready(unit);
+  }
+  int head_unit() const { return num_layers() + 1; }
+  int prefix_unit() const { return num_layers() + 2; }
+
   // Writes the prefix into the first P rows of a fresh cache.
   void prefill_prefix(KVCache& c);
 
   nn::DropoutContext dropout_;
   std::unique_ptr<nn::KVPrefix> prefix_;
+  UnitHooks* hooks_ = nullptr;
 };
 
 }  // namespace loom::models

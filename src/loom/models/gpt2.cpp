@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/kernels/cpu/elementwise.h"
@@ -115,6 +116,21 @@ void GPT2::add_kv_prefix(const nn::PrefixSpec& spec) {
   for (size_t l = 0; l < blocks_.size(); ++l) blocks_[l]->attn().attach_prefix(prefix_.get(), l);
 }
 
+int64_t GPT2::activation_bytes(int64_t B, int64_t T) const {
+  const int64_t N = B * T, C = cfg_.n_embd, H = cfg_.hidden();
+  // Per layer: ln_1, qkv, context, c_proj, residual, ln_2, c_fc and GELU, c_proj, output;
+  // and the attention probabilities [B, NH, T, P + T].
+  const int64_t layer = N * (10 * C + 2 * H) + B * cfg_.n_head * T * (prefix_length() + T);
+  const int64_t scratch = N * (9 * C + 2 * H);
+  return 4 * (cfg_.n_layer * layer + scratch + N * (2 * C + cfg_.vocab_size));
+}
+
+int GPT2::unit_of(const std::string& n) const {
+  if (int u = block_unit(n, "transformer.h."); u >= 0) return u;
+  if (n.starts_with("prefix_encoder.")) return prefix_unit();
+  return n.starts_with("transformer.wte.") || n.starts_with("transformer.wpe.") ? 0 : head_unit();
+}
+
 bool GPT2::hf_transposed(const nn::Parameter& p) const {
   // transformers' GPT-2 uses Conv1D ([in, out]) for c_attn, c_proj and c_fc weights.
   const std::string& n = p.name;
@@ -135,7 +151,11 @@ const Tensor& GPT2::forward(const Tensor& ids, const Tensor& pos) {
                  (P ? " after a prefix of " + std::to_string(P) : std::string()) +
                  " exceeds the model's n_positions " + std::to_string(cfg_.n_positions));
   ids_ = ids;
-  if (prefix_) prefix_->forward();
+  std::optional<UnitScope> pre;  // every layer reads the prefix table
+  if (prefix_) {
+    pre.emplace(hooks_, prefix_unit());
+    prefix_->forward();
+  }
   const bool packed = pos.defined();
   if (packed) {
     LOOM_CHECK(pos.shape() == ids.shape(), "position ids " + shape_str(pos.shape()) +
@@ -152,10 +172,16 @@ const Tensor& GPT2::forward(const Tensor& ids, const Tensor& pos) {
     for (int64_t i = 0; i < B * T; ++i) wpos_.i32()[i] = pos_.i32()[i] + static_cast<int32_t>(P);
   }
   nn::ensure(x0_, {B, T, C});
+  // The head is wte: hold the embeddings for the whole forward rather than gather twice.
+  UnitScope emb(hooks_, 0);
   wte_.forward(ids.i32(), B * T, x0_, /*accumulate=*/false);
   wpe_.forward(wpos_.i32(), B * T, x0_, /*accumulate=*/true);
   const Tensor* x = &x0_;
-  for (auto& blk : blocks_) x = &blk->forward(*x, packed ? pos_.i32() : nullptr);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    UnitScope u(hooks_, static_cast<int>(l) + 1);
+    x = &blocks_[l]->forward(*x, packed ? pos_.i32() : nullptr);
+  }
+  UnitScope u(hooks_, head_unit());
   const Tensor& h = ln_f_->forward(*x);
   nn::ensure(logits_, {B, T, cfg_.vocab_size});
   nn::weight_forward(logits_.f32(), h.f32(), *wte_.weight(), nullptr, B * T);
@@ -202,24 +228,43 @@ double GPT2::backward(const Tensor& targets, float grad_scale) {
                                                   " do not match ids " + shape_str(ids_.shape()));
   const double loss_sum =
       kernels::cross_entropy_backward(logits_.f32(), targets.i32(), B * T, V, grad_scale);
-  // LM head, tied to wte: logits [B*T, V] = h [B*T, C] @ wte[V, C]^T
-  nn::Parameter* wte = wte_.weight();
-  Tensor dh = scratch_.zeros("gpt2.dh", {B, T, C});
-  nn::weight_backward(dh.f32(), logits_.f32(), ln_f_->output().f32(), *wte, nullptr, B * T);
+  std::optional<UnitScope> pre;
+  if (prefix_) pre.emplace(hooks_, prefix_unit());
+  std::optional<UnitScope> tied(std::in_place, hooks_, 0);  // wte, held to the end
   // Residual-stream gradients alternate between two buffers as we walk the blocks back.
   const char* slots[2] = {"gpt2.dres0", "gpt2.dres1"};
   int cur = 0;
   Tensor dx = scratch_.zeros(slots[cur], {B, T, C});
-  ln_f_->backward(dh, dx);
+  {
+    // LM head, tied to wte: logits [B*T, V] = h [B*T, C] @ wte[V, C]^T
+    UnitScope u(hooks_, head_unit());
+    Tensor dh = scratch_.zeros("gpt2.dh", {B, T, C});
+    nn::weight_backward(dh.f32(), logits_.f32(), ln_f_->output().f32(), *wte_.weight(), nullptr,
+                        B * T);
+    ln_f_->backward(dh, dx);
+  }
+  grads_ready(head_unit());
   for (size_t l = blocks_.size(); l-- > 0;) {
     Tensor dprev = scratch_.zeros(slots[cur ^ 1], {B, T, C});
-    blocks_[l]->backward(dx, dprev, scratch_);
+    {
+      UnitScope u(hooks_, static_cast<int>(l) + 1);
+      blocks_[l]->backward(dx, dprev, scratch_);
+    }
+    grads_ready(static_cast<int>(l) + 1);
     dx = dprev;
     cur ^= 1;
   }
-  wpe_.backward(wpos_.i32(), B * T, dx);
-  wte_.backward(ids_.i32(), B * T, dx);
-  if (prefix_) prefix_->backward(scratch_);
+  {
+    UnitScope u(hooks_, 0);
+    wpe_.backward(wpos_.i32(), B * T, dx);
+    wte_.backward(ids_.i32(), B * T, dx);
+  }
+  tied.reset();
+  grads_ready(0);
+  if (prefix_) {
+    prefix_->backward(scratch_);
+    grads_ready(prefix_unit());
+  }
   return loss_sum;
 }
 

@@ -63,6 +63,9 @@ class GPT2 : public CausalLM {
   void add_bottleneck_adapters(const nn::AdapterSpec& spec) override;
   void add_kv_prefix(const nn::PrefixSpec& spec) override;
   int64_t kv_heads() const override { return cfg_.n_head; }
+  int num_layers() const override { return static_cast<int>(cfg_.n_layer); }
+  int64_t activation_bytes(int64_t B, int64_t T) const override;
+  int unit_of(const std::string& param_name) const override;
   const GPT2Config& config() const { return cfg_; }
 
  private:

@@ -1,6 +1,7 @@
 #include "loom/models/llama.h"
 
 #include <cmath>
+#include <optional>
 
 #include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/kernels/cpu/elementwise.h"
@@ -151,6 +152,24 @@ void Llama::set_rope(const Tensor& pos) {
   kernels::rope_tables(cos_.f32(), sin_.f32(), shifted.data(), n, inv_freq_);
 }
 
+int64_t Llama::activation_bytes(int64_t B, int64_t T) const {
+  const int64_t N = B * (T + prefix_length()), C = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const int64_t qd = cfg_.num_attention_heads * cfg_.dim_head(),
+                kvd = cfg_.num_key_value_heads * cfg_.dim_head();
+  // Per layer: norm outputs, q/k/v, context, o, residual, MLP gate/up/product, down, output;
+  // and the attention probabilities [B, NH, T, P + T].
+  const int64_t layer = N * (6 * C + 2 * qd + 2 * kvd + 3 * I) +
+                        B * cfg_.num_attention_heads * T * (prefix_length() + T);
+  const int64_t scratch = N * (5 * C + 3 * I + 2 * qd + 2 * kvd);
+  return 4 * (cfg_.num_hidden_layers * layer + scratch + N * (2 * C + cfg_.vocab_size));
+}
+
+int Llama::unit_of(const std::string& n) const {
+  if (int u = block_unit(n, "model.layers."); u >= 0) return u;
+  if (n.starts_with("prefix_encoder.")) return prefix_unit();
+  return n.starts_with("model.embed_tokens.") ? 0 : head_unit();  // model.norm, lm_head
+}
+
 nn::Parameter* Llama::head_weight() const { return lm_head_ ? lm_head_ : embed_.weight(); }
 
 bool Llama::hf_ignorable(const std::string& name) const {
@@ -167,7 +186,11 @@ const Tensor& Llama::forward(const Tensor& ids, const Tensor& pos) {
                  " exceeds max_position_embeddings " +
                  std::to_string(cfg_.max_position_embeddings));
   ids_ = ids;
-  if (prefix_) prefix_->forward();
+  std::optional<UnitScope> pre;  // every layer reads the prefix table
+  if (prefix_) {
+    pre.emplace(hooks_, prefix_unit());
+    prefix_->forward();
+  }
   const bool packed = pos.defined();
   if (packed) {
     LOOM_CHECK(pos.shape() == ids.shape(), "position ids " + shape_str(pos.shape()) +
@@ -180,10 +203,18 @@ const Tensor& Llama::forward(const Tensor& ids, const Tensor& pos) {
     set_rope(pos_);
   }
   nn::ensure(x0_, {B, T, C});
+  // A tied head reads the embedding again at the end: hold it for the whole forward rather
+  // than gather it twice.
+  std::optional<UnitScope> emb(std::in_place, hooks_, 0);
   embed_.forward(ids.i32(), B * T, x0_, /*accumulate=*/false);
+  if (lm_head_) emb.reset();
   const Tensor* x = &x0_;
   pos_is_custom_ = packed;
-  for (auto& blk : layers_) x = &blk->forward(*x, cos_, sin_, packed ? pos_.i32() : nullptr);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    UnitScope u(hooks_, static_cast<int>(l) + 1);
+    x = &layers_[l]->forward(*x, cos_, sin_, packed ? pos_.i32() : nullptr);
+  }
+  UnitScope u(hooks_, head_unit());
   const Tensor& h = norm_->forward(*x);
   nn::ensure(logits_, {B, T, cfg_.vocab_size});
   nn::weight_forward(logits_.f32(), h.f32(), *head_weight(), nullptr, B * T);
@@ -232,21 +263,41 @@ double Llama::backward(const Tensor& targets, float grad_scale) {
                                                   " do not match ids " + shape_str(ids_.shape()));
   const double loss_sum =
       kernels::cross_entropy_backward(logits_.f32(), targets.i32(), B * T, V, grad_scale);
-  nn::Parameter* head = head_weight();
-  Tensor dh = scratch_.zeros("llama.dh", {B, T, C});
-  nn::weight_backward(dh.f32(), logits_.f32(), norm_->output().f32(), *head, nullptr, B * T);
+  std::optional<UnitScope> pre;
+  if (prefix_) pre.emplace(hooks_, prefix_unit());
+  std::optional<UnitScope> tied;  // the head's weight is the embedding: held to the end
+  if (!lm_head_) tied.emplace(hooks_, 0);
   const char* slots[2] = {"llama.dres0", "llama.dres1"};
   int cur = 0;
   Tensor dx = scratch_.zeros(slots[cur], {B, T, C});
-  norm_->backward(dh, dx);
+  {
+    UnitScope u(hooks_, head_unit());
+    Tensor dh = scratch_.zeros("llama.dh", {B, T, C});
+    nn::weight_backward(dh.f32(), logits_.f32(), norm_->output().f32(), *head_weight(), nullptr,
+                        B * T);
+    norm_->backward(dh, dx);
+  }
+  grads_ready(head_unit());
   for (size_t l = layers_.size(); l-- > 0;) {
     Tensor dprev = scratch_.zeros(slots[cur ^ 1], {B, T, C});
-    layers_[l]->backward(dx, dprev, scratch_);
+    {
+      UnitScope u(hooks_, static_cast<int>(l) + 1);
+      layers_[l]->backward(dx, dprev, scratch_);
+    }
+    grads_ready(static_cast<int>(l) + 1);
     dx = dprev;
     cur ^= 1;
   }
-  embed_.backward(ids_.i32(), B * T, dx);
-  if (prefix_) prefix_->backward(scratch_);
+  {
+    UnitScope u(hooks_, 0);
+    embed_.backward(ids_.i32(), B * T, dx);
+  }
+  tied.reset();
+  grads_ready(0);
+  if (prefix_) {
+    prefix_->backward(scratch_);
+    grads_ready(prefix_unit());
+  }
   return loss_sum;
 }
 

@@ -71,6 +71,9 @@ class Llama : public CausalLM {
   void add_bottleneck_adapters(const nn::AdapterSpec& spec) override;
   void add_kv_prefix(const nn::PrefixSpec& spec) override;
   int64_t kv_heads() const override { return cfg_.num_key_value_heads; }
+  int num_layers() const override { return static_cast<int>(cfg_.num_hidden_layers); }
+  int64_t activation_bytes(int64_t B, int64_t T) const override;
+  int unit_of(const std::string& param_name) const override;
   const LlamaConfig& config() const { return cfg_; }
 
  private:

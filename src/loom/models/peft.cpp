@@ -66,6 +66,15 @@ bool peft_name_matches(const std::string& name, const std::string& entry) {
 
 void apply_peft(CausalLM& model, const PeftConfig& cfg, uint64_t seed) {
   if (!cfg.enabled()) return;
+  declare_peft(model, cfg);
+  // Each unit's trainable parameters contiguous (what ZeRO partitions and reduces by unit).
+  nn::ParamStore& ps = model.params();
+  ps.materialize([&](const nn::Parameter& p) { return model.unit_of(p.name); });
+  ps.init_new(seed);
+}
+
+void declare_peft(CausalLM& model, const PeftConfig& cfg) {
+  if (!cfg.enabled()) return;
   nn::ParamStore& ps = model.params();
   const size_t n_base = ps.all().size();
   for (auto& p : ps.all()) p->trainable = false;
@@ -101,8 +110,6 @@ void apply_peft(CausalLM& model, const PeftConfig& cfg, uint64_t seed) {
     throw Error("peft.method: '" + cfg.method + "' is not one of lora, adapter, prefix");
   }
   for (size_t i = n_base; i < ps.all().size(); ++i) ps.all()[i]->adapter = true;
-  ps.materialize();
-  ps.init_new(seed);
 }
 
 }  // namespace loom::models

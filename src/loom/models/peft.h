@@ -42,6 +42,9 @@ struct PeftConfig {
 };
 
 void apply_peft(CausalLM& model, const PeftConfig& cfg, uint64_t seed);
+// apply_peft without the layout and initialisation: the parameters are declared and the
+// flags set, nothing is allocated (for planning memory).
+void declare_peft(CausalLM& model, const PeftConfig& cfg);
 
 // True when module `name` (e.g. "model.layers.0.self_attn.q_proj") matches `entry` the way
 // PEFT matches one entry of a target_modules / modules_to_save list.

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "loom/kernels/cpu/attention.h"
+#include "loom/kernels/cpu/elementwise.h"
 #include "loom/util/error.h"
 
 namespace loom::nn {
@@ -63,6 +64,12 @@ void FusedQKVAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& sc
                               prefix_ ? dpv.f32() : nullptr);
   if (prefix_) prefix_->accumulate(dpk.f32(), dpv.f32(), B, layer_);
   c_attn_.backward(dqkv, dx);
+  // The key bias adds q_t . b to every score of query t alike, which softmax cancels: its
+  // gradient is exactly zero. Summed in floating point it is rounding noise, which Adam
+  // would turn into steps of +-lr (and which differs between parallel layouts), so it is
+  // set to the exact value. (A prefix's keys carry no bias, so then it is not zero.)
+  Parameter* b = c_attn_.bias();
+  if (!prefix_ && b->trainable) kernels::zero(b->grad.f32() + C_, C_);
 }
 
 }  // namespace loom::nn

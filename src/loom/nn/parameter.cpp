@@ -1,5 +1,7 @@
 #include "loom/nn/parameter.h"
 
+#include <algorithm>
+
 #include "loom/kernels/cpu/elementwise.h"
 #include "loom/tensor/rng.h"
 #include "loom/util/error.h"
@@ -20,17 +22,29 @@ Parameter* ParamStore::add(const std::string& name, const Shape& shape, ParamKin
   return params_.back().get();
 }
 
-void ParamStore::materialize() {
-  size_t total = 0, total_grad = 0;
+void ParamStore::materialize(const std::function<int(const Parameter&)>& group) {
+  // Trainable values first, in the same order and at the same offsets as their gradients,
+  // so [0, trainable_numel) of the value buffer lines up with the gradient buffer (what a
+  // ZeRO shard of parameters, gradients and optimizer state indexes); frozen values after.
+  std::vector<Parameter*> order;
   for (auto& p : params_) {
     LOOM_CHECK(!(p->quantized() && p->trainable),
                "parameter " + p->name + " is quantized and cannot be trained");
+    if (p->trainable) order.push_back(p.get());
+  }
+  if (group)
+    std::stable_sort(order.begin(), order.end(),
+                     [&](const Parameter* a, const Parameter* b) { return group(*a) < group(*b); });
+  size_t total = 0;
+  for (Parameter* p : order) {
+    p->offset = p->grad_offset = total;
+    total += shape_numel(p->shape);
+  }
+  const size_t total_grad = total;
+  for (auto& p : params_) {
+    if (p->trainable) continue;
     p->offset = total;
     if (!p->quantized()) total += shape_numel(p->shape);
-    if (p->trainable) {
-      p->grad_offset = total_grad;
-      total_grad += shape_numel(p->shape);
-    }
   }
   Tensor values = Tensor::zeros({static_cast<int64_t>(total)});
   grads_ = Tensor::zeros({static_cast<int64_t>(total_grad)});
@@ -46,6 +60,31 @@ void ParamStore::materialize() {
   values_ = values;
   n_fresh_ = n_materialized_;
   n_materialized_ = params_.size();
+}
+
+void ParamStore::drop_trainable_values() {
+  size_t total = 0;
+  for (auto& p : params_)
+    if (!p->trainable && !p->quantized()) total += shape_numel(p->shape);
+  Tensor values = Tensor::zeros({static_cast<int64_t>(total)});
+  size_t at = 0;
+  for (auto& p : params_) {
+    Tensor old = p->value;
+    if (p->trainable || p->quantized()) {
+      if (p->trainable) p->value = Tensor();
+      continue;
+    }
+    p->offset = at;
+    p->value = values.slice0(at, at + shape_numel(p->shape)).reshape(p->shape);
+    p->value.copy_from(old);
+    at += shape_numel(p->shape);
+  }
+  values_ = values;
+}
+
+void ParamStore::drop_grads() {
+  grads_ = Tensor::zeros({0});
+  for (auto& p : params_) p->grad = Tensor();
 }
 
 void ParamStore::init_one(Parameter& p, uint64_t seed) {

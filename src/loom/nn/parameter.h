@@ -2,12 +2,15 @@
 // Contract: modules declare parameters in their constructors; ParamStore::materialize()
 // then lays all values out in one flat f32 buffer and all trainable gradients in another
 // (the flat buffers are what optimizers, ZeRO partitioning and grad all-reduce work on).
+// Trainable values come first, at the offsets of their gradients: values[0, trainable_numel)
+// and grads line up element for element.
 // PEFT adds parameters and changes `trainable` after loading, then materializes again:
 // values are kept, views move to the new buffers. A frozen weight may instead be held in
 // ggml blocks (`quant`, QLoRA-style); it then has no f32 value and no slot in the buffer.
 // Parameter pointers stay valid for the store's lifetime; modules read p->value at use.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,7 +58,14 @@ class ParamStore {
   // Allocates the flat buffers and makes every value/grad a view into them. Called again
   // after parameters were added, frozen or quantized, it lays the buffers out anew and
   // copies every f32 value across (new parameters start at zero: call init_new()).
-  void materialize();
+  // `group` orders the trainable parameters: by group, then in declaration order (a
+  // model's units, so that each unit's trainable parameters are one contiguous range).
+  void materialize(const std::function<int(const Parameter&)>& group = {});
+  // ZeRO: the engine holds sharded copies instead. Drops the f32 values of trainable
+  // parameters (frozen ones are kept) / the gradient buffer; the views become undefined
+  // until the engine points them at its own buffers.
+  void drop_trainable_values();
+  void drop_grads();
   // Initialises only the parameters added since the previous materialize().
   void init_new(uint64_t seed);
   // Fills every value from its init rule, keyed by (seed, name, element) so the result

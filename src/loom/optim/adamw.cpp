@@ -1,25 +1,38 @@
 #include "loom/optim/adamw.h"
 
 #include "loom/kernels/cpu/adamw.h"
+#include "loom/util/error.h"
 
 namespace loom::optim {
 
-AdamW::AdamW(nn::ParamStore& ps, const AdamWConfig& cfg) : ps_(ps), cfg_(cfg) {
-  m_ = Tensor::zeros({ps.trainable_numel()});
-  v_ = Tensor::zeros({ps.trainable_numel()});
+AdamW::AdamW(const AdamWConfig& cfg, int64_t state_numel)
+    : cfg_(cfg), m_(Tensor::zeros({state_numel})), v_(Tensor::zeros({state_numel})) {}
+
+AdamW::AdamW(nn::ParamStore& ps, const AdamWConfig& cfg) : AdamW(cfg, ps.trainable_numel()) {}
+
+std::vector<AdamW::Segment> AdamW::segments_of(const nn::ParamStore& ps, const AdamWConfig& cfg) {
+  std::vector<Segment> segs;
+  for (auto& p : ps.all())
+    if (p->trainable)
+      segs.push_back({p->value.f32(), p->grad.f32(), static_cast<int64_t>(p->grad_offset),
+                      p->value.numel(), cfg.decays(p->kind)});
+  return segs;
 }
 
-void AdamW::step(float lr, float grad_scale) {
+void AdamW::step(std::span<const Segment> segs, float lr, float grad_scale) {
   ++t_;
-  for (auto& p : ps_.all()) {
-    if (!p->trainable) continue;
-    kernels::AdamWHyper h{
-        lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.decays(p->kind) ? cfg_.weight_decay : 0.0f,
-        t_, grad_scale};
-    const size_t off = p->grad_offset;
-    kernels::adamw_update(p->value.f32(), p->grad.f32(), m_.f32() + off, v_.f32() + off,
-                          p->value.numel(), h);
+  for (const Segment& s : segs) {
+    LOOM_CHECK(s.state_offset >= 0 && s.state_offset + s.n <= m_.numel(),
+               "AdamW: segment outside the optimizer state");
+    kernels::AdamWHyper h{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, s.decay ? cfg_.weight_decay : 0.0f,
+                          t_, grad_scale};
+    kernels::adamw_update(s.value, s.grad, m_.f32() + s.state_offset, v_.f32() + s.state_offset,
+                          s.n, h);
   }
+}
+
+void AdamW::step(nn::ParamStore& ps, float lr, float grad_scale) {
+  step(segments_of(ps, cfg_), lr, grad_scale);
 }
 
 }  // namespace loom::optim

@@ -1,10 +1,14 @@
-// AdamW over a ParamStore's trainable parameters, with fp32 moments in flat buffers laid
-// out like the store's flat gradient buffer (so a ZeRO shard is one contiguous range).
+// AdamW with fp32 moments for a set of elements of the flat trainable vector: all of them
+// (one process, or replicated data parallel) or one rank's ZeRO shard. The work comes as
+// segments, runs of elements of one parameter (weight decay is decided per parameter),
+// each with its place in the moment buffers; one step is one fused pass per segment.
 // Weight decay applies to weights always, and to biases, norms and embeddings only when
 // the config asks (by default they are excluded, as in nanoGPT/HF Trainer practice).
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "loom/nn/parameter.h"
 
@@ -25,16 +29,32 @@ struct AdamWConfig {
 
 class AdamW {
  public:
+  struct Segment {
+    float* value;
+    const float* grad;
+    int64_t state_offset;  // where its moments start in exp_avg / exp_avg_sq
+    int64_t n;
+    bool decay;
+  };
+  AdamW(const AdamWConfig& cfg, int64_t state_numel);
+  // Moments for every trainable parameter of ps, laid out like its gradient buffer.
   AdamW(nn::ParamStore& ps, const AdamWConfig& cfg);
+  // Every trainable parameter of ps as one segment each (values and grads of the store).
+  static std::vector<Segment> segments_of(const nn::ParamStore& ps, const AdamWConfig& cfg);
+
   // One update with learning rate `lr` (the schedule's value for this step); gradients
   // are read multiplied by grad_scale (the clipping coefficient).
-  void step(float lr, float grad_scale = 1.0f);
+  void step(std::span<const Segment> segs, float lr, float grad_scale = 1.0f);
+  void step(nn::ParamStore& ps, float lr, float grad_scale = 1.0f);
+
   int64_t steps_taken() const { return t_; }
-  int64_t state_bytes() const { return 2 * m_.nbytes(); }
+  void set_steps_taken(int64_t t) { t_ = t; }  // resuming from a checkpoint
+  int64_t state_bytes() const { return static_cast<int64_t>(m_.nbytes() + v_.nbytes()); }
+  const Tensor& exp_avg() const { return m_; }
+  const Tensor& exp_avg_sq() const { return v_; }
   const AdamWConfig& config() const { return cfg_; }
 
  private:
-  nn::ParamStore& ps_;
   AdamWConfig cfg_;
   Tensor m_, v_;
   int64_t t_ = 0;

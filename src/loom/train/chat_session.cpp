@@ -64,6 +64,8 @@ std::string ChatSession::reply(const std::string& user,
     if (on_text && upto > printed) on_text(reply.substr(printed, upto - printed));
     printed = std::max(printed, upto);
   });
+  // A reply cut by max_new_tokens may end inside a character: it ends before it instead.
+  reply.resize(utf8_complete_prefix(reply));
   if (on_text && printed < reply.size()) on_text(reply.substr(printed));
   return reply;
 }

@@ -160,10 +160,27 @@ void apply_override(json& j, const std::string& assignment) {
 
 TrainConfig parse_config(const json& j, const std::string& where, int64_t world) {
   Reader r{where, ""};
-  r.only(j, {"model", "data", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-             "train_batch_size", "train_steps", "seed", "output_dir", "optimizer", "scheduler",
-             "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "no_decay",
-             "eval_interval", "zero_optimization", "fp16", "bf16", "peft"});
+  r.only(j, {"model",
+             "data",
+             "train_micro_batch_size_per_gpu",
+             "gradient_accumulation_steps",
+             "train_batch_size",
+             "train_steps",
+             "seed",
+             "output_dir",
+             "optimizer",
+             "scheduler",
+             "gradient_clipping",
+             "steps_per_print",
+             "wall_clock_breakdown",
+             "no_decay",
+             "eval_interval",
+             "zero_optimization",
+             "fp16",
+             "bf16",
+             "peft",
+             "checkpoint_interval",
+             "resume_from"});
   TrainConfig c;
   c.raw = j;
   LOOM_CHECK(j.contains("model"), where + ": config key 'model' is required");
@@ -302,11 +319,28 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
   }
   if (j.contains("peft")) parse_peft(j["peft"], where, c);
   if (j.contains("zero_optimization")) {
+    // DeepSpeed's keys; the ones Loom does not implement are errors, not silently ignored.
     Reader rz{where, "zero_optimization."};
-    rz.only(j["zero_optimization"], {"stage"});
-    LOOM_CHECK(rz.integer(j["zero_optimization"], "stage", 0) == 0,
-               rz.key("stage") + ": ZeRO stages 1-3 are not implemented yet (use 0)");
+    const json& z = j["zero_optimization"];
+    rz.only(z, {"stage", "reduce_bucket_size", "overlap_comm", "contiguous_gradients"});
+    c.zero.stage = static_cast<int>(rz.integer(z, "stage", 0));
+    LOOM_CHECK(c.zero.stage <= 3, rz.key("stage") + " must be 0, 1, 2 or 3");
+    if (z.contains("reduce_bucket_size")) {
+      LOOM_CHECK(z["reduce_bucket_size"].is_number() && z["reduce_bucket_size"].get<double>() >= 1,
+                 rz.key("reduce_bucket_size") + " must be a positive number of elements");
+      c.zero.reduce_bucket_size = static_cast<int64_t>(z["reduce_bucket_size"].get<double>());
+    }
+    LOOM_CHECK(rz.boolean(z, "overlap_comm", true),
+               rz.key("overlap_comm") +
+                   ": false is not supported (reductions always overlap "
+                   "the backward)");
+    LOOM_CHECK(rz.boolean(z, "contiguous_gradients", true),
+               rz.key("contiguous_gradients") +
+                   ": false is not supported (gradients are "
+                   "always in one flat buffer)");
   }
+  c.checkpoint_interval = r.integer(j, "checkpoint_interval", 0, 0);
+  c.resume_from = r.string(j, "resume_from", "");
   for (const char* k : {"fp16", "bf16"}) {
     if (j.contains(k)) {
       Reader rm{where, std::string(k) + "."};

@@ -15,6 +15,7 @@
 #include "loom/models/peft.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/schedule.h"
+#include "loom/parallel/zero.h"
 
 namespace loom::train {
 
@@ -49,7 +50,10 @@ struct TrainConfig {
   int64_t steps_per_print = 10;
   int64_t eval_interval = 0;  // steps between validation passes (0: only at the end)
   bool wall_clock_breakdown = false;
-  nlohmann::json raw;  // the resolved JSON, saved beside the outputs
+  parallel::ZeroConfig zero;        // zero_optimization: stage, reduce_bucket_size
+  int64_t checkpoint_interval = 0;  // steps between checkpoints (0: only the final one)
+  std::string resume_from;          // a checkpoint folder to continue from
+  nlohmann::json raw;               // the resolved JSON, saved beside the outputs
 };
 
 // Applies one `--set key.path=value` override; value is parsed as JSON when it is valid

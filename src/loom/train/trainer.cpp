@@ -14,6 +14,7 @@
 #include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/models/gpt2.h"
 #include "loom/optim/clip.h"
+#include "loom/train/checkpoint.h"
 #include "loom/util/error.h"
 #include "loom/util/path.h"
 #include "loom/util/profile.h"
@@ -75,8 +76,14 @@ std::unique_ptr<models::CausalLM> build_model(const nlohmann::json& m, uint64_t 
   return model;
 }
 
-Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset)
+Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
+                 dist::Communicator* comm)
     : cfg_(cfg), data_(std::move(dataset)) {
+  if (!comm) {
+    own_comm_ = std::make_unique<dist::LocalComm>();
+    comm = own_comm_.get();
+  }
+  comm_ = comm;
   // PEFT: the base stays frozen, so a GGUF base stays quantized unless the config says no.
   io::LoadOptions load;
   if (!cfg.peft_from.empty()) {
@@ -93,6 +100,21 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset)
              "'model' and the folder as peft.from_pretrained");
   models::apply_peft(*model_, cfg_.peft, cfg.seed);
   if (!cfg.peft_from.empty()) io::load_adapter_weights(*model_, expand_user(cfg.peft_from));
+  // Resuming: the weights the checkpoint holds (the optimizer state follows below).
+  TrainerState resume;
+  const fs::path resume_dir = expand_user(cfg.resume_from);
+  if (!cfg.resume_from.empty()) {
+    resume = read_trainer_state(resume_dir);
+    LOOM_CHECK(resume.train_batch == cfg.train_batch,
+               resume_dir.string() + ": saved with a global batch of " +
+                   std::to_string(resume.train_batch) + ", this run has " +
+                   std::to_string(cfg.train_batch) +
+                   " (the sample order depends on it; resume with the same train_batch_size)");
+    if (cfg_.peft.enabled())
+      io::load_adapter_weights(*model_, resume_dir);
+    else
+      io::load_hf_weights(*model_, resume_dir);
+  }
   for (auto& p : model_->params().all())
     LOOM_CHECK(!p->quantized() || !p->trainable, "internal: quantized " + p->name + " trains");
   LOOM_CHECK(model_->params().trainable_numel() > 0,
@@ -116,54 +138,61 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset)
              "data.seq_len " + std::to_string(data_->seq_len()) + " exceeds the model's " +
                  std::to_string(model_->max_positions()) + " positions");
   sampler_ = std::make_unique<data::Sampler>(*data_, cfg.seed, cfg.data.shuffle, cfg.micro_batch,
-                                             cfg.grad_accum, /*dp_size=*/1, /*dp_rank=*/0);
-  opt_ = std::make_unique<optim::AdamW>(model_->params(), cfg.adamw);
+                                             cfg.grad_accum, comm_->size(), comm_->rank());
+  engine_ = std::make_unique<parallel::ZeroEngine>(*model_, *comm_, cfg.zero, cfg.adamw);
   sched_ = optim::Schedule::from_json(cfg.scheduler, cfg.adamw.lr, cfg.train_steps);
+  if (!cfg.resume_from.empty()) {
+    load_optimizer_state(resume_dir, resume, *engine_);
+    step_ = resume.step;
+  }
 }
 
-Trainer::MemoryReport Trainer::memory_report() const {
-  MemoryReport m;
-  m.weights = model_->params().value_bytes();
-  m.grads = static_cast<int64_t>(model_->params().flat_grads().nbytes());
-  m.optimizer = opt_->state_bytes();
-  return m;
-}
+Trainer::~Trainer() = default;
 
 StepStats Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   StepStats st;
   st.step = step_;
 
-  // 1. Data: every micro-batch of this step, and the step's target-token count.
+  // 1. Data: this rank's micro-batches of the step, and the global batch's target tokens.
   std::vector<data::MicroBatch> micro;
   for (int64_t m = 0; m < cfg_.grad_accum; ++m) micro.push_back(sampler_->micro_batch(step_, m));
+  double counts[2] = {0, 0};  // target tokens, input tokens
   for (auto& mb : micro) {
-    st.target_tokens += kernels::count_targets(mb.targets.i32(), mb.targets.numel());
-    st.tokens += mb.ids.numel();
+    counts[0] += static_cast<double>(kernels::count_targets(mb.targets.i32(), mb.targets.numel()));
+    counts[1] += static_cast<double>(mb.ids.numel());
   }
+  comm_->all_reduce_sum(counts, 2);
+  st.target_tokens = static_cast<int64_t>(counts[0]);
+  st.tokens = static_cast<int64_t>(counts[1]);
   const float grad_scale = 1.0f / static_cast<float>(std::max<int64_t>(st.target_tokens, 1));
 
-  // 2. Forward and backward; gradients accumulate across micro-batches.
-  nn::ParamStore& ps = model_->params();
-  ps.zero_grads();
+  // 2. Forward and backward; gradients accumulate across micro-batches. 3. Gradient sync
+  //    runs inside the backward: the engine reduces each unit's gradients (all ranks' sum)
+  //    as soon as they are complete, and end_backward() waits for the last of them.
+  engine_->zero_grads();
   double loss_sum = 0.0;
   nn::DropoutContext& drop = model_->dropout();
-  for (auto& mb : micro) {
+  for (size_t m = 0; m < micro.size(); ++m) {
+    const data::MicroBatch& mb = micro[m];
+    engine_->begin_micro_batch(m + 1 == micro.size());
     drop = {true, cfg_.seed, step_, mb.batch_row * mb.ids.dim(1)};
     model_->forward(mb.ids, mb.pos);
+    engine_->begin_backward();
     loss_sum += model_->backward(mb.targets, grad_scale);
+    engine_->end_backward();
   }
   drop.training = false;
+  comm_->all_reduce_sum(&loss_sum, 1);
   st.loss = loss_sum / std::max<int64_t>(st.target_tokens, 1);
 
-  // 3. Gradient sync: nothing to do at world size 1.
-  // 4. Clip by the global norm (the optimizer applies the coefficient as it reads grads).
-  st.grad_norm = std::sqrt(optim::sum_of_squares(ps.flat_grads()));
+  // 4. Clip by the global norm, over every rank's shard (the optimizer applies the
+  //    coefficient as it reads the gradients).
+  st.grad_norm = std::sqrt(engine_->grad_sq_norm());
   const float clip = optim::clip_coefficient(st.grad_norm, cfg_.gradient_clipping);
-  // 5. Optimizer on the local parameters, at this step's learning rate.
+  // 5. Optimizer on this rank's shard at this step's learning rate, then 6. parameter sync.
   st.lr = sched_.lr_at(step_);
-  opt_->step(static_cast<float>(st.lr), clip);
-  // 6. Parameter sync: nothing to do at world size 1.
+  engine_->optimizer_step(static_cast<float>(st.lr), clip);
 
   ++step_;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -174,124 +203,168 @@ double Trainer::evaluate() {
   if (!valid_) return std::nan("");
   model_->dropout().training = false;
   const int64_t T = valid_->seq_len(), B = cfg_.micro_batch, V = model_->vocab_size();
-  double sum = 0.0;
-  int64_t count = 0;
-  for (int64_t first = 0; first < valid_->size(); first += B) {
-    const int64_t b = std::min(B, valid_->size() - first);
+  // Rank r takes batches r, r + N, ...; every rank runs the same number of forwards (a
+  // ZeRO-3 forward is collective), the spare ones on a row whose targets are all ignored.
+  const int64_t batches = (valid_->size() + B - 1) / B, N = comm_->size();
+  double acc[2] = {0.0, 0.0};  // loss sum, target count
+  for (int64_t k = comm_->rank(); k < (batches + N - 1) / N * N; k += N) {
+    const int64_t first = k * B, b = k < batches ? std::min(B, valid_->size() - first) : 1;
     Tensor ids = Tensor::zeros({b, T}, DType::I32), tg = Tensor::zeros({b, T}, DType::I32);
     Tensor pos = valid_->packed() ? Tensor::zeros({b, T}, DType::I32) : Tensor();
-    for (int64_t i = 0; i < b; ++i) {
-      valid_->get(first + i, ids.i32() + i * T, tg.i32() + i * T);
-      if (valid_->packed()) valid_->get_positions(first + i, pos.i32() + i * T);
+    if (k < batches) {
+      for (int64_t i = 0; i < b; ++i) {
+        valid_->get(first + i, ids.i32() + i * T, tg.i32() + i * T);
+        if (valid_->packed()) valid_->get_positions(first + i, pos.i32() + i * T);
+      }
+    } else {
+      std::fill(tg.i32(), tg.i32() + T, kernels::kIgnoreIndex);
     }
     const Tensor& logits = model_->forward(ids, pos);
-    sum += kernels::cross_entropy_loss(logits.f32(), tg.i32(), b * T, V);
-    count += kernels::count_targets(tg.i32(), b * T);
+    acc[0] += kernels::cross_entropy_loss(logits.f32(), tg.i32(), b * T, V);
+    acc[1] += static_cast<double>(kernels::count_targets(tg.i32(), b * T));
   }
-  return count ? sum / count : std::nan("");
+  comm_->all_reduce_sum(acc, 2);
+  return acc[1] > 0 ? acc[0] / acc[1] : std::nan("");
+}
+
+void Trainer::write_model(const fs::path& dir) {
+  const std::string source = model_path(cfg_.model);
+  const fs::path tokenizer_from = source.empty() ? fs::path() : expand_user(source);
+  if (cfg_.peft.enabled())
+    io::save_adapter(*model_, cfg_.peft, dir, fs::absolute(tokenizer_from).string(),
+                     tokenizer_from);
+  else
+    io::save_hf_checkpoint(*model_, dir, tokenizer_from);
+}
+
+void Trainer::save_checkpoint(const fs::path& dir) {
+  TrainerState st{step_, cfg_.train_batch, comm_->size(), cfg_.zero.stage};
+  save_train_checkpoint(dir, st, *engine_, *comm_, [&](const fs::path& d) { write_model(d); });
 }
 
 void Trainer::run() {
+  // Rank 0 speaks and writes the metrics; every rank trains and takes part in saving.
+  const bool lead = comm_->rank() == 0;
   const fs::path out = cfg_.output_dir;
-  fs::create_directories(out);
-  {
-    std::ofstream f(out / "loom_config.json");
-    f << cfg_.raw.dump(2) << "\n";
+  std::ofstream metrics;
+  if (lead) {
+    fs::create_directories(out);
+    std::ofstream(out / "loom_config.json") << cfg_.raw.dump(2) << "\n";
+    metrics.open(out / "metrics.jsonl", std::ios::trunc);
+    LOOM_CHECK(metrics.good(), (out / "metrics.jsonl").string() + ": cannot write");
   }
-  std::ofstream metrics(out / "metrics.jsonl", std::ios::trunc);
-  LOOM_CHECK(metrics.good(), (out / "metrics.jsonl").string() + ": cannot write");
+  auto say = [&](const char* fmt, auto... args) {
+    if (lead) std::fprintf(stderr, fmt, args...);
+  };
+  auto record = [&](const nlohmann::json& row) {
+    if (!lead) return;
+    metrics << row.dump() << "\n";
+    metrics.flush();
+  };
   const bool tty = ::isatty(fileno(stderr));
   nn::ParamStore& ps = model_->params();
-  std::fprintf(stderr,
-               "loom: %s%s, %.2fM parameters, %.3fM trainable (%.2f%%), %lld samples of %lld "
-               "tokens, batch %lld = %lld x %lld accumulation, %lld steps\n",
-               model_->arch().c_str(),
-               cfg_.peft.enabled() ? (" + " + cfg_.peft.method).c_str() : "", ps.numel() / 1e6,
-               ps.trainable_numel() / 1e6, 100.0 * ps.trainable_numel() / ps.numel(),
-               static_cast<long long>(data_->size()), static_cast<long long>(cfg_.data.seq_len),
-               static_cast<long long>(cfg_.train_batch), static_cast<long long>(cfg_.micro_batch),
-               static_cast<long long>(cfg_.grad_accum), static_cast<long long>(cfg_.train_steps));
-  if (!data_summary_.empty()) std::fprintf(stderr, "data: %s\n", data_summary_.c_str());
+  say("loom: %s%s, %.2fM parameters, %.3fM trainable (%.2f%%), %lld samples of %lld tokens, "
+      "batch %lld = %lld x %lld accumulation x %d ranks, ZeRO stage %d, %lld steps%s\n",
+      model_->arch().c_str(), cfg_.peft.enabled() ? (" + " + cfg_.peft.method).c_str() : "",
+      ps.numel() / 1e6, ps.trainable_numel() / 1e6, 100.0 * ps.trainable_numel() / ps.numel(),
+      static_cast<long long>(data_->size()), static_cast<long long>(cfg_.data.seq_len),
+      static_cast<long long>(cfg_.train_batch), static_cast<long long>(cfg_.micro_batch),
+      static_cast<long long>(cfg_.grad_accum), comm_->size(), cfg_.zero.stage,
+      static_cast<long long>(cfg_.train_steps),
+      step_ > 0 ? (", resuming after step " + std::to_string(step_)).c_str() : "");
+  if (!data_summary_.empty()) say("data: %s\n", data_summary_.c_str());
   MemoryReport mem = memory_report();
-  std::fprintf(stderr, "memory: weights %s, gradients %s, optimizer state %s\n",
-               mib(mem.weights).c_str(), mib(mem.grads).c_str(), mib(mem.optimizer).c_str());
+  say("memory per rank (planned): weights %s, gradients %s, optimizer state %s, buffers %s\n",
+      mib(mem.state.params).c_str(), mib(mem.state.grads).c_str(), mib(mem.state.optimizer).c_str(),
+      mib(mem.state.buffers).c_str());
   auto eval_line = [&] {
     const double ev = evaluate();
     if (std::isnan(ev)) return;
-    metrics << nlohmann::json{{"step", step_}, {"eval_loss", ev}}.dump() << "\n";
-    metrics.flush();
-    std::fprintf(stderr, "%sstep %lld  eval loss %.4f\n", tty ? "\r" : "",
-                 static_cast<long long>(step_), ev);
+    record({{"step", step_}, {"eval_loss", ev}});
+    say("%sstep %lld  eval loss %.4f\n", tty ? "\r" : "", static_cast<long long>(step_), ev);
   };
   // Activations: what the first evaluation and step add to the model state already held.
   const int64_t live_before = storage_stats().live_bytes;
+  const int64_t first_step = step_;
   reset_storage_peak();
   eval_line();  // before training: the baseline the run should beat
   prof::enable(cfg_.wall_clock_breakdown);
   double elapsed = 0.0;
+  int64_t comm_bytes = 0;
   while (step_ < cfg_.train_steps) {
+    const int64_t sent0 = comm_->stats().bytes_sent;
     StepStats st = step();
-    if (step_ == 1) mem.activations = storage_stats().peak_bytes - live_before;
+    const int64_t sent = comm_->stats().bytes_sent - sent0;
+    comm_bytes += sent;
+    if (step_ == first_step + 1) mem.activations = storage_stats().peak_bytes - live_before;
     elapsed += st.seconds;
     const double tok_s = st.tokens / st.seconds;
-    nlohmann::json row = {{"step", st.step + 1},
-                          {"loss", st.loss},
-                          {"lr", st.lr},
-                          {"grad_norm", st.grad_norm},
-                          {"tokens_per_s", tok_s},
-                          {"target_tokens", st.target_tokens},
-                          {"step_seconds", st.seconds},
-                          {"epoch", sampler_->epoch_of(st.step)}};
-    metrics << row.dump() << "\n";
-    metrics.flush();
+    record({{"step", st.step + 1},
+            {"loss", st.loss},
+            {"lr", st.lr},
+            {"grad_norm", st.grad_norm},
+            {"tokens_per_s", tok_s},
+            {"target_tokens", st.target_tokens},
+            {"step_seconds", st.seconds},
+            {"comm_bytes_sent", sent},  // by this rank (rank 0), algorithmic volume
+            {"epoch", sampler_->epoch_of(st.step)}});
     LOOM_CHECK(std::isfinite(st.loss), "loss became " + std::to_string(st.loss) + " at step " +
                                            std::to_string(st.step + 1));
-    const double eta = elapsed / step_ * (cfg_.train_steps - step_);
+    const double eta = elapsed / (step_ - first_step) * (cfg_.train_steps - step_);
     const bool print_line = (step_ % cfg_.steps_per_print == 0) || step_ == cfg_.train_steps;
     // On a terminal the progress line rewrites itself; in logs it prints every steps_per_print.
     if (tty || print_line)
-      std::fprintf(
-          stderr, "%sstep %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  ETA %.0fs%s",
+      say("%sstep %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  ETA %.0fs%s",
           tty ? "\r" : "", static_cast<long long>(step_), static_cast<long long>(cfg_.train_steps),
           st.loss, st.lr, st.grad_norm, tok_s, eta, print_line ? "\n" : "   ");
     if (cfg_.eval_interval > 0 && step_ % cfg_.eval_interval == 0 && step_ < cfg_.train_steps)
       eval_line();
+    if (cfg_.checkpoint_interval > 0 && step_ % cfg_.checkpoint_interval == 0 &&
+        step_ < cfg_.train_steps) {
+      save_checkpoint(out / ("checkpoint-" + std::to_string(step_)));
+      say("loom: saved %s\n", (out / ("checkpoint-" + std::to_string(step_))).string().c_str());
+    }
   }
   eval_line();
-  if (cfg_.wall_clock_breakdown) {
+  if (cfg_.wall_clock_breakdown && lead) {
     prof::Totals t = prof::totals();
-    std::fprintf(stderr, "time by phase over %lld steps:", static_cast<long long>(step_));
+    std::fprintf(stderr,
+                 "time by phase over %lld steps:", static_cast<long long>(step_ - first_step));
     for (int i = 0; i < static_cast<int>(prof::Phase::kCount); ++i)
       std::fprintf(stderr, " %s %.2fs", prof::phase_name(static_cast<prof::Phase>(i)),
                    t.ns[i] / 1e9);
     std::fprintf(stderr, "\n");
   }
-  mem.peak_rss = peak_rss_bytes();
-  std::fprintf(stderr,
-               "memory: weights %s, gradients %s, optimizer state %s, activations and scratch "
-               "%s (measured over the first step); peak RSS %s\n",
-               mib(mem.weights).c_str(), mib(mem.grads).c_str(), mib(mem.optimizer).c_str(),
-               mib(mem.activations).c_str(), mib(mem.peak_rss).c_str());
-  metrics << nlohmann::json{{"memory",
-                             {{"weights_bytes", mem.weights},
-                              {"grads_bytes", mem.grads},
-                              {"optimizer_bytes", mem.optimizer},
-                              {"activations_bytes", mem.activations},
-                              {"peak_rss_bytes", mem.peak_rss},
-                              {"trainable_params", ps.trainable_numel()},
-                              {"params", ps.numel()}}}}
-                 .dump()
-          << "\n";
+  // Measured peaks: the largest over the ranks.
+  double peaks[2] = {static_cast<double>(peak_rss_bytes()), static_cast<double>(mem.activations)};
+  comm_->all_reduce_max(&peaks[0]);
+  comm_->all_reduce_max(&peaks[1]);
+  mem.peak_rss = static_cast<int64_t>(peaks[0]);
+  mem.activations = static_cast<int64_t>(peaks[1]);
+  const int64_t steps_run = std::max<int64_t>(step_ - first_step, 1);
+  say("memory per rank: weights %s, gradients %s, optimizer state %s, buffers %s (planned); "
+      "activations and scratch %s, peak RSS %s (measured, the largest rank)\n",
+      mib(mem.state.params).c_str(), mib(mem.state.grads).c_str(), mib(mem.state.optimizer).c_str(),
+      mib(mem.state.buffers).c_str(), mib(mem.activations).c_str(), mib(mem.peak_rss).c_str());
+  if (comm_->size() > 1)
+    say("communication: %.1f MiB sent per step by rank 0 (algorithmic volume)\n",
+        comm_bytes / 1048576.0 / steps_run);
+  record({{"memory",
+           {{"weights_bytes", mem.state.params},
+            {"grads_bytes", mem.state.grads},
+            {"optimizer_bytes", mem.state.optimizer},
+            {"buffer_bytes", mem.state.buffers},
+            {"activations_bytes", mem.activations},
+            {"peak_rss_bytes", mem.peak_rss},
+            {"trainable_params", ps.trainable_numel()},
+            {"params", ps.numel()},
+            {"world_size", comm_->size()},
+            {"zero_stage", cfg_.zero.stage}}},
+          {"comm_bytes_sent_per_step", comm_bytes / steps_run}});
   const fs::path ck = out / "checkpoint-final";
-  const std::string source = model_path(cfg_.model);
-  const fs::path tokenizer_from = source.empty() ? fs::path() : expand_user(source);
-  if (cfg_.peft.enabled()) {
-    io::save_adapter(*model_, cfg_.peft, ck, fs::absolute(tokenizer_from).string(), tokenizer_from);
-  } else {
-    io::save_hf_checkpoint(*model_, ck, tokenizer_from);
-  }
-  std::fprintf(stderr, "loom: saved %s%s\n", ck.string().c_str(),
-               cfg_.peft.enabled() ? " (PEFT adapter folder)" : "");
+  save_checkpoint(ck);
+  say("loom: saved %s%s\n", ck.string().c_str(),
+      cfg_.peft.enabled() ? " (PEFT adapter folder)" : "");
 }
 
 }  // namespace loom::train

@@ -1,8 +1,10 @@
 // The training engine. One step, top to bottom (see step()):
 //   data -> forward/backward per micro-batch -> grad sync -> clip -> optimizer -> param sync
-// The step's loss is the mean over every target token of the whole step's batch: the
-// token count is known before the first backward, so each micro-batch's gradient is
-// scaled by 1 / (tokens in the step) and accumulation equals one big batch exactly.
+// The step's loss is the mean over every target token of the whole step's global batch
+// (all data-parallel ranks): the token count is all-reduced before the first backward, so
+// each micro-batch's gradient is scaled by 1 / (tokens in the global batch), and
+// accumulation and data parallelism both equal one big batch exactly. Gradient and
+// parameter sync are the ZeRO engine's (parallel/zero.h; stage 0 on one rank does none).
 #pragma once
 
 #include <cstdint>
@@ -11,10 +13,12 @@
 
 #include "loom/data/dataset.h"
 #include "loom/data/sampler.h"
+#include "loom/dist/communicator.h"
 #include "loom/io/model_loader.h"
 #include "loom/models/causal_lm.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/schedule.h"
+#include "loom/parallel/zero.h"
 #include "loom/train/config.h"
 #include "loom/train/data_setup.h"
 
@@ -38,32 +42,44 @@ std::string model_path(const nlohmann::json& model_cfg);  // "" for a model buil
 
 class Trainer {
  public:
-  // Reads the dataset cfg.data names; or uses `dataset` (benchmarks, tests).
-  explicit Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset = nullptr);
+  // Reads the dataset cfg.data names; or uses `dataset` (benchmarks, tests). `comm` is the
+  // data-parallel group (world size 1 without one); every rank constructs a Trainer.
+  explicit Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset = nullptr,
+                   dist::Communicator* comm = nullptr);
+  ~Trainer();
   StepStats step();  // one optimizer step
   // Mean loss over every target token of the validation set (NaN when there is none).
   double evaluate();
-  // Runs cfg.train_steps steps, writes metrics.jsonl, prints progress, saves the final
-  // checkpoint to output_dir/checkpoint-final.
+  // Runs cfg.train_steps steps, writes metrics.jsonl, prints progress (rank 0), saves a
+  // checkpoint every checkpoint_interval steps and the final one, output_dir/checkpoint-final.
   void run();
+  // A resumable checkpoint of the current state (collective).
+  void save_checkpoint(const std::filesystem::path& dir);
   models::CausalLM& model() { return *model_; }
-  const optim::AdamW& optimizer() const { return *opt_; }
+  const optim::AdamW& optimizer() const { return engine_->optimizer(); }
+  parallel::ZeroEngine& engine() { return *engine_; }
   int64_t steps_done() const { return step_; }
 
-  // Bytes of model state (weights as held: f32 and quantized blocks; gradients and AdamW
-  // moments of the trainable parameters only) and what a step adds on top.
+  // Bytes this rank holds for the model state (weights as held: f32 and quantized blocks;
+  // gradients and AdamW moments of the trainable parameters only, sharded as the ZeRO
+  // stage says), the engine's communication buffers, and what a step adds on top.
   struct MemoryReport {
-    int64_t weights = 0, grads = 0, optimizer = 0, activations = 0, peak_rss = 0;
+    parallel::ZeroMemory state;
+    int64_t activations = 0, peak_rss = 0;
   };
-  MemoryReport memory_report() const;
+  MemoryReport memory_report() const { return {engine_->memory(), 0, 0}; }
 
  private:
+  void write_model(const std::filesystem::path& dir);  // HF folder or PEFT adapter folder
+
   TrainConfig cfg_;
+  std::unique_ptr<dist::Communicator> own_comm_;  // a LocalComm when none was given
+  dist::Communicator* comm_;
   std::unique_ptr<models::CausalLM> model_;
   std::unique_ptr<data::Dataset> data_, valid_;
   std::string data_summary_;
   std::unique_ptr<data::Sampler> sampler_;
-  std::unique_ptr<optim::AdamW> opt_;
+  std::unique_ptr<parallel::ZeroEngine> engine_;
   optim::Schedule sched_;
   int64_t step_ = 0;
 };

@@ -1,0 +1,413 @@
+#include "loom/dist/communicator.h"
+
+// OpenMPI's mpi.h pulls in its deprecated C++ bindings under C++ unless told not to; they
+// would need libmpi_cxx. We use the C API only.
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "loom/util/error.h"
+
+namespace loom::dist {
+
+// ---- Request ----
+
+// Both noexcept: a failure while waiting here terminates, as the header says.
+Request& Request::operator=(Request&& other) noexcept {
+  if (this != &other) {
+    wait();
+    pending_ = std::move(other.pending_);
+  }
+  return *this;
+}
+
+Request::~Request() { wait(); }
+
+// The engine's handle is taken out first, so an operation that failed is not waited for
+// again when the Request is destroyed.
+void Request::wait() {
+  if (!pending_) return;
+  std::unique_ptr<Pending> p = std::move(pending_);
+  p->wait();
+}
+
+bool Request::test() {
+  if (!pending_) return true;
+  std::unique_ptr<Pending> p = std::move(pending_);
+  if (p->test()) return true;
+  pending_ = std::move(p);
+  return false;
+}
+
+// ---- Communicator: argument checks and byte accounting shared by every engine ----
+// A call is counted once it has completed (blocking) or started (non-blocking), so one that
+// throws leaves the stats as they were.
+
+namespace {
+
+void check_count(int64_t n, const char* op) {
+  LOOM_CHECK(n >= 0, std::string(op) + ": negative count " + std::to_string(n));
+}
+
+void check_peer(int peer, int size, const char* op, const char* what) {
+  LOOM_CHECK(peer >= 0 && peer < size, std::string(op) + ": " + what + " " + std::to_string(peer) +
+                                           " is not a rank of a " + "communicator of size " +
+                                           std::to_string(size));
+}
+
+}  // namespace
+
+Communicator::Communicator(int rank, int size) : rank_(rank), size_(size) {
+  LOOM_CHECK(size >= 1 && rank >= 0 && rank < size,
+             "communicator: rank " + std::to_string(rank) + " of size " + std::to_string(size));
+}
+
+// Ring all-reduce = reduce-scatter + all-gather: each rank sends 2(N-1) chunks of 1/N.
+int64_t Communicator::all_reduce_bytes(int64_t payload_bytes) const {
+  return 2 * (size_ - 1) * payload_bytes / size_;
+}
+
+int64_t Communicator::ring_bytes(int64_t n_per_rank) const {
+  return (size_ - 1) * n_per_rank * static_cast<int64_t>(sizeof(float));
+}
+
+void Communicator::all_reduce_sum(float* buf, int64_t n) {
+  check_count(n, "all_reduce_sum");
+  do_all_reduce_sum(buf, n);
+  count(all_reduce_bytes(n * static_cast<int64_t>(sizeof(float))));
+}
+
+void Communicator::reduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) {
+  check_count(n_per_rank, "reduce_scatter_sum");
+  do_reduce_scatter_sum(send, recv, n_per_rank);
+  count(ring_bytes(n_per_rank));
+}
+
+void Communicator::all_gather(const float* send, float* recv, int64_t n_per_rank) {
+  check_count(n_per_rank, "all_gather");
+  do_all_gather(send, recv, n_per_rank);
+  count(ring_bytes(n_per_rank));
+}
+
+void Communicator::broadcast(void* buf, int64_t bytes, int root) {
+  check_count(bytes, "broadcast");
+  check_peer(root, size_, "broadcast", "root");
+  do_broadcast(buf, bytes, root);
+  count((size_ - 1) * bytes / size_);  // scatter + all-gather: (N-1)/N of it from each rank
+}
+
+void Communicator::send(const float* buf, int64_t n, int dest, int tag) {
+  check_count(n, "send");
+  check_peer(dest, size_, "send", "destination");
+  LOOM_CHECK(tag >= 0, "send: negative tag " + std::to_string(tag));
+  do_send(buf, n, dest, tag);
+  count(n * static_cast<int64_t>(sizeof(float)));
+}
+
+void Communicator::recv(float* buf, int64_t n, int src, int tag) {
+  check_count(n, "recv");
+  check_peer(src, size_, "recv", "source");
+  LOOM_CHECK(tag >= 0, "recv: negative tag " + std::to_string(tag));
+  do_recv(buf, n, src, tag);
+  count(0);
+}
+
+void Communicator::barrier() {
+  do_barrier();
+  count(0);
+}
+
+void Communicator::all_reduce_max(double* value) {
+  do_all_reduce_max(value);
+  count(all_reduce_bytes(sizeof(double)));
+}
+
+void Communicator::all_reduce_sum(double* buf, int64_t n) {
+  check_count(n, "all_reduce_sum");
+  do_all_reduce_sum(buf, n);
+  count(all_reduce_bytes(n * static_cast<int64_t>(sizeof(double))));
+}
+
+Request Communicator::iall_reduce_sum(float* buf, int64_t n) {
+  check_count(n, "iall_reduce_sum");
+  Request req = do_iall_reduce_sum(buf, n);
+  count(all_reduce_bytes(n * static_cast<int64_t>(sizeof(float))));
+  return req;
+}
+
+Request Communicator::ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) {
+  check_count(n_per_rank, "ireduce_scatter_sum");
+  Request req = do_ireduce_scatter_sum(send, recv, n_per_rank);
+  count(ring_bytes(n_per_rank));
+  return req;
+}
+
+Request Communicator::iall_gather(const float* send, float* recv, int64_t n_per_rank) {
+  check_count(n_per_rank, "iall_gather");
+  Request req = do_iall_gather(send, recv, n_per_rank);
+  count(ring_bytes(n_per_rank));
+  return req;
+}
+
+// ---- LocalComm ----
+
+std::unique_ptr<Communicator> LocalComm::split(int color, int) const {
+  LOOM_CHECK(color >= 0, "split: negative color " + std::to_string(color));
+  return std::make_unique<LocalComm>();
+}
+
+void LocalComm::abort(int code) { std::exit(code); }
+
+void LocalComm::do_reduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) {
+  std::copy_n(send, n_per_rank, recv);
+}
+
+void LocalComm::do_all_gather(const float* send, float* recv, int64_t n_per_rank) {
+  if (send != recv) std::copy_n(send, n_per_rank, recv);
+}
+
+void LocalComm::do_send(const float*, int64_t, int, int) {
+  throw Error("send: a communicator of size 1 has no other rank to send to");
+}
+
+void LocalComm::do_recv(float*, int64_t, int, int) {
+  throw Error("recv: a communicator of size 1 has no other rank to receive from");
+}
+
+Request LocalComm::do_iall_reduce_sum(float*, int64_t) { return {}; }
+
+Request LocalComm::do_ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) {
+  do_reduce_scatter_sum(send, recv, n_per_rank);
+  return {};
+}
+
+Request LocalComm::do_iall_gather(const float* send, float* recv, int64_t n_per_rank) {
+  do_all_gather(send, recv, n_per_rank);
+  return {};
+}
+
+// ---- MpiComm ----
+
+namespace {
+
+// MPI's error string for rc, as loom::Error naming the operation.
+void check_mpi(int rc, const char* op) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
+  throw Error(
+      std::string("MPI ") + op + " failed: " +
+      (len > 0 ? std::string(text, static_cast<size_t>(len)) : "error code " + std::to_string(rc)));
+}
+
+int to_int(int64_t n, const char* op) {
+  LOOM_CHECK(n <= std::numeric_limits<int>::max(),
+             std::string("MPI ") + op + ": count " + std::to_string(n) +
+                 " exceeds MPI's int limit (2147483647); split the buffer");
+  return static_cast<int>(n);
+}
+
+// reduce_scatter/all_gather: the per-rank count is what MPI is passed, but some of its
+// algorithms count the whole size()*n buffer in an int too, so both must fit.
+int to_int_per_rank(int64_t n_per_rank, int size, const char* op) {
+  LOOM_CHECK(n_per_rank <= std::numeric_limits<int>::max() / size,
+             std::string("MPI ") + op + ": " + std::to_string(size) + " x " +
+                 std::to_string(n_per_rank) + " elements exceed MPI's int limit (2147483647)" +
+                 "; split the buffer");
+  return static_cast<int>(n_per_rank);
+}
+
+class MpiPending final : public Request::Pending {
+ public:
+  MpiPending(MPI_Request req, const char* op) : req_(req), op_(op) {}
+  void wait() override { check_mpi(MPI_Wait(&req_, MPI_STATUS_IGNORE), op_); }
+  bool test() override {
+    int done = 0;
+    check_mpi(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), op_);
+    return done != 0;
+  }
+
+ private:
+  MPI_Request req_;
+  const char* op_;
+};
+
+Request pending(MPI_Request req, const char* op) {
+  return Request(std::make_unique<MpiPending>(req, op));
+}
+
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+void init_mpi_once() {
+  int initialized = 0;
+  check_mpi(MPI_Initialized(&initialized), "Initialized");
+  if (initialized) {
+    int provided = 0;
+    check_mpi(MPI_Query_thread(&provided), "Query_thread");
+    LOOM_CHECK(provided >= MPI_THREAD_FUNNELED,
+               "MPI was initialised below MPI_THREAD_FUNNELED; Loom needs at least that");
+    return;
+  }
+  int provided = 0;
+  // MPI_Init_thread's errors are fatal (no communicator exists yet to return them on).
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  std::atexit(finalize_at_exit);
+  LOOM_CHECK(provided >= MPI_THREAD_FUNNELED,
+             "MPI_Init_thread: this MPI library does not provide MPI_THREAD_FUNNELED");
+}
+
+}  // namespace
+
+struct MpiComm::Handle {
+  MPI_Comm comm;
+};
+
+MpiComm::MpiComm(std::unique_ptr<Handle> handle, int rank, int size)
+    : Communicator(rank, size), handle_(std::move(handle)) {}
+
+// Errors on our communicators come back as return codes (turned into loom::Error) instead of
+// MPI's default of aborting the job.
+std::unique_ptr<MpiComm> MpiComm::adopt(std::unique_ptr<Handle> handle) {
+  MPI_Comm comm = handle->comm;
+  check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "Comm_set_errhandler");
+  int rank = 0, size = 0;
+  check_mpi(MPI_Comm_rank(comm, &rank), "Comm_rank");
+  check_mpi(MPI_Comm_size(comm, &size), "Comm_size");
+  return std::unique_ptr<MpiComm>(new MpiComm(std::move(handle), rank, size));
+}
+
+std::unique_ptr<MpiComm> MpiComm::world() {
+  init_mpi_once();
+  MPI_Comm comm;
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "Comm_dup");
+  return adopt(std::make_unique<Handle>(comm));
+}
+
+MpiComm::~MpiComm() {
+  // A communicator that outlives MPI_Finalize (say, held in a static) was freed with it.
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Comm_free(&handle_->comm);
+}
+
+std::unique_ptr<Communicator> MpiComm::split(int color, int key) const {
+  LOOM_CHECK(color >= 0, "split: negative color " + std::to_string(color));
+  MPI_Comm comm;
+  check_mpi(MPI_Comm_split(handle_->comm, color, key, &comm), "Comm_split");
+  return adopt(std::make_unique<Handle>(comm));
+}
+
+void MpiComm::abort(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest if it did
+}
+
+void MpiComm::do_all_reduce_sum(float* buf, int64_t n) {
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, to_int(n, "all_reduce_sum"), MPI_FLOAT, MPI_SUM,
+                          handle_->comm),
+            "all_reduce_sum");
+}
+
+void MpiComm::do_reduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) {
+  int n = to_int_per_rank(n_per_rank, size(), "reduce_scatter_sum");
+  check_mpi(MPI_Reduce_scatter_block(send, recv, n, MPI_FLOAT, MPI_SUM, handle_->comm),
+            "reduce_scatter_sum");
+}
+
+// MPI forbids aliased buffers; the in-place gather is spelled MPI_IN_PLACE.
+static const void* gather_source(const float* send, float* recv, int64_t n_per_rank, int rank) {
+  return send == recv + rank * n_per_rank ? MPI_IN_PLACE : send;
+}
+
+void MpiComm::do_all_gather(const float* send, float* recv, int64_t n_per_rank) {
+  int n = to_int_per_rank(n_per_rank, size(), "all_gather");
+  check_mpi(MPI_Allgather(gather_source(send, recv, n_per_rank, rank()), n, MPI_FLOAT, recv, n,
+                          MPI_FLOAT, handle_->comm),
+            "all_gather");
+}
+
+void MpiComm::do_broadcast(void* buf, int64_t bytes, int root) {
+  check_mpi(MPI_Bcast(buf, to_int(bytes, "broadcast"), MPI_BYTE, root, handle_->comm), "broadcast");
+}
+
+void MpiComm::do_send(const float* buf, int64_t n, int dest, int tag) {
+  check_mpi(MPI_Send(buf, to_int(n, "send"), MPI_FLOAT, dest, tag, handle_->comm), "send");
+}
+
+void MpiComm::do_recv(float* buf, int64_t n, int src, int tag) {
+  MPI_Status status;
+  check_mpi(MPI_Recv(buf, to_int(n, "recv"), MPI_FLOAT, src, tag, handle_->comm, &status), "recv");
+  // A shorter message is not an MPI error, but it is a schedule bug on one side.
+  int got = 0;
+  check_mpi(MPI_Get_count(&status, MPI_FLOAT, &got), "recv");
+  LOOM_CHECK(got == n, "MPI recv: expected " + std::to_string(n) + " floats from rank " +
+                           std::to_string(src) + " (tag " + std::to_string(tag) + "), got " +
+                           std::to_string(got));
+}
+
+void MpiComm::do_barrier() { check_mpi(MPI_Barrier(handle_->comm), "barrier"); }
+
+void MpiComm::do_all_reduce_max(double* value) {
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, value, 1, MPI_DOUBLE, MPI_MAX, handle_->comm),
+            "all_reduce_max");
+}
+
+void MpiComm::do_all_reduce_sum(double* buf, int64_t n) {
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, to_int(n, "all_reduce_sum"), MPI_DOUBLE, MPI_SUM,
+                          handle_->comm),
+            "all_reduce_sum");
+}
+
+Request MpiComm::do_iall_reduce_sum(float* buf, int64_t n) {
+  MPI_Request req;
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf, to_int(n, "iall_reduce_sum"), MPI_FLOAT, MPI_SUM,
+                           handle_->comm, &req),
+            "iall_reduce_sum");
+  return pending(req, "iall_reduce_sum");
+}
+
+Request MpiComm::do_ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) {
+  int n = to_int_per_rank(n_per_rank, size(), "ireduce_scatter_sum");
+  MPI_Request req;
+  check_mpi(MPI_Ireduce_scatter_block(send, recv, n, MPI_FLOAT, MPI_SUM, handle_->comm, &req),
+            "ireduce_scatter_sum");
+  return pending(req, "ireduce_scatter_sum");
+}
+
+Request MpiComm::do_iall_gather(const float* send, float* recv, int64_t n_per_rank) {
+  int n = to_int_per_rank(n_per_rank, size(), "iall_gather");
+  MPI_Request req;
+  check_mpi(MPI_Iallgather(gather_source(send, recv, n_per_rank, rank()), n, MPI_FLOAT, recv, n,
+                           MPI_FLOAT, handle_->comm, &req),
+            "iall_gather");
+  return pending(req, "iall_gather");
+}
+
+// ---- choosing the world ----
+
+bool started_under_mpi() {
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK")) return true;
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  return initialized != 0;
+}
+
+std::unique_ptr<Communicator> make_world_communicator() {
+  if (started_under_mpi()) return MpiComm::world();
+  return std::make_unique<LocalComm>();
+}
+
+}  // namespace loom::dist

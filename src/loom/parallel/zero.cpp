@@ -1,0 +1,391 @@
+#include "loom/parallel/zero.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "loom/kernels/cpu/elementwise.h"
+#include "loom/optim/clip.h"
+#include "loom/util/error.h"
+#include "loom/util/profile.h"
+
+namespace loom::parallel {
+
+// ---------------------------------------------------------------------------------------
+// Partition
+
+ZeroPartition ZeroPartition::make(const std::vector<int64_t>& lens, int world, int rank) {
+  ZeroPartition p;
+  p.world = world;
+  p.rank = rank;
+  int64_t start = 0;
+  for (int64_t L : lens) {
+    const int64_t c = (L + world - 1) / world;
+    p.unit_start.push_back(start);
+    p.unit_len.push_back(L);
+    p.piece.push_back(c);
+    p.shard_offset.push_back(p.shard_len);
+    p.shard_len += c;
+    start += L;
+  }
+  return p;
+}
+
+int64_t ZeroPartition::piece_end(size_t u) const {
+  return std::min(unit_len[u], (rank + 1) * piece[u]);
+}
+
+ZeroMemory ZeroPartition::memory(int stage, int64_t frozen_bytes) const {
+  int64_t total = 0;
+  std::vector<int64_t> padded;
+  for (size_t u = 0; u < unit_len.size(); ++u) {
+    total += unit_len[u];
+    padded.push_back(piece[u] * world);
+  }
+  std::sort(padded.rbegin(), padded.rend());
+  padded.resize(std::max<size_t>(padded.size(), 3), 0);
+  const int64_t largest_padded = padded[0], top3 = padded[0] + padded[1] + padded[2];
+  const int64_t f = sizeof(float);
+  ZeroMemory m;
+  m.params = frozen_bytes + f * (stage >= 3 ? shard_len : total);
+  m.grads = f * (stage >= 2 ? shard_len : total);
+  m.optimizer = 2 * f * (stage >= 1 ? shard_len : total);
+  // Buffers the engine allocates around the collectives (at most): stage 1 receives the
+  // reduce-scattered shard and stages one padded unit; stages 2 and 3 hold the gradients of
+  // up to three units (one being computed, kInflight = 2 being reduced; a tied embedding's
+  // lives through the backward) and their received pieces; stage 3 also holds the gathered
+  // parameters of up to three units (the current one, the prefetched next one, a tied
+  // embedding held from lookup to head). Bounded with the three largest units.
+  if (stage == 1) m.buffers = f * (shard_len + largest_padded);
+  if (stage >= 2) m.buffers = f * (top3 + top3 / world);
+  if (stage >= 3) m.buffers += f * top3;
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------
+// Engine state
+
+namespace {
+constexpr size_t kInflight = 2;  // stage 2/3: unit gradients waiting for their reduce-scatter
+}
+
+struct ZeroEngine::Unit {
+  std::vector<nn::Parameter*> params;  // trainable ones, in flat order
+  int64_t start = 0, len = 0;          // flat range
+  Tensor grad;                         // stage >= 2: this backward's gradient, padded
+  Tensor value;                        // stage 3: gathered parameters, padded
+  dist::Request gather;                // stage 3: a prefetch in flight into `value`
+  int refs = 0;                        // stage 3: acquire() minus release()
+};
+
+// A reduction in flight: which units, and the buffers it reads from and writes to.
+struct ZeroEngine::Pending {
+  std::vector<int> units;
+  dist::Request req;
+  Tensor staged;  // stage 1: the padded copy of a unit's gradient
+  Tensor piece;   // stage >= 1: this rank's summed piece
+};
+
+ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const ZeroConfig& cfg,
+                       const optim::AdamWConfig& adamw)
+    : model_(model), comm_(dp), cfg_(cfg) {
+  LOOM_CHECK(cfg.stage >= 0 && cfg.stage <= 3,
+             "zero_optimization.stage must be 0, 1, 2 or 3, got " + std::to_string(cfg.stage));
+  nn::ParamStore& ps = model.params();
+  // Units and their flat ranges: each unit's trainable parameters are one contiguous run,
+  // units in increasing order (ParamStore::materialize with the model's unit_of).
+  std::vector<std::vector<nn::Parameter*>> groups = model.units();
+  units_.resize(groups.size());
+  std::vector<int64_t> lens;
+  int64_t at = 0;
+  for (size_t u = 0; u < groups.size(); ++u) {
+    Unit& unit = units_[u];
+    for (nn::Parameter* p : groups[u])
+      if (p->trainable) unit.params.push_back(p);
+    std::sort(unit.params.begin(), unit.params.end(),
+              [](auto* a, auto* b) { return a->grad_offset < b->grad_offset; });
+    unit.start = at;
+    for (nn::Parameter* p : unit.params) {
+      LOOM_CHECK(static_cast<int64_t>(p->grad_offset) == at,
+                 "ZeRO: trainable parameters of unit " + std::to_string(u) +
+                     " are not one contiguous run (" + p->name + ")");
+      at += p->value.numel();
+    }
+    unit.len = at - unit.start;
+    lens.push_back(unit.len);
+  }
+  LOOM_CHECK(at == ps.trainable_numel(), "ZeRO: units do not cover the trainable parameters");
+  part_ = ZeroPartition::make(lens, comm_.size(), comm_.rank());
+
+  // Stage 0 buckets: consecutive units in the order their gradients complete (L+1 down to
+  // 0, then a prefix), merged while flat-adjacent until reduce_bucket_size elements.
+  if (cfg_.stage == 0) {
+    std::vector<int> ready_order;
+    const int L = model.num_layers();
+    for (int u = L + 1; u >= 0; --u) ready_order.push_back(u);
+    for (int u = L + 2; u < static_cast<int>(units_.size()); ++u) ready_order.push_back(u);
+    std::vector<int> cur;
+    int64_t cur_len = 0;
+    for (int u : ready_order) {
+      if (units_[u].len == 0) continue;
+      const bool adjacent =
+          cur.empty() || units_[u].start + units_[u].len == units_[cur.back()].start;
+      if (!cur.empty() && (!adjacent || cur_len >= cfg_.reduce_bucket_size)) {
+        buckets_.push_back(cur);
+        cur.clear();
+        cur_len = 0;
+      }
+      cur.push_back(u);
+      cur_len += units_[u].len;
+    }
+    if (!cur.empty()) buckets_.push_back(cur);
+  }
+
+  // What this rank updates: every element at stage 0, its pieces otherwise.
+  const int64_t frozen_bytes = ps.value_bytes() - 4 * ps.trainable_numel();
+  if (cfg_.stage == 0) {
+    opt_ = std::make_unique<optim::AdamW>(ps, adamw);
+    for (Unit& unit : units_)
+      for (nn::Parameter* p : unit.params)
+        owned_.push_back({p, 0, p->value.numel(), static_cast<int64_t>(p->grad_offset)});
+  } else {
+    opt_ = std::make_unique<optim::AdamW>(adamw, part_.shard_len);
+    for (size_t u = 0; u < units_.size(); ++u) {
+      const int64_t lo = part_.piece_begin(u), hi = part_.piece_end(u);
+      for (nn::Parameter* p : units_[u].params) {
+        const int64_t p0 = static_cast<int64_t>(p->grad_offset) - units_[u].start,
+                      p1 = p0 + p->value.numel();
+        const int64_t a = std::max(lo, p0), b = std::min(hi, p1);
+        if (a < b) owned_.push_back({p, a - p0, b - p0, part_.shard_offset[u] + (a - lo)});
+      }
+    }
+    shard_grads_ = Tensor::zeros({part_.shard_len});
+  }
+  if (cfg_.stage >= 3) {
+    // The master copy of this rank's pieces; the store drops its trainable values.
+    shard_values_ = Tensor::zeros({part_.shard_len});
+    for (const OwnedRun& r : owned_)
+      std::memcpy(shard_values_.f32() + r.state_offset, r.param->value.f32() + r.begin,
+                  (r.end - r.begin) * sizeof(float));
+    ps.drop_trainable_values();
+  }
+  if (cfg_.stage >= 2) ps.drop_grads();
+  mem_ = part_.memory(cfg_.stage, frozen_bytes);
+  model_.set_unit_hooks(this);
+}
+
+ZeroEngine::~ZeroEngine() { model_.set_unit_hooks(nullptr); }
+
+void ZeroEngine::point(Unit& u, Tensor nn::Parameter::*field, const Tensor& buf) {
+  int64_t off = 0;
+  for (nn::Parameter* p : u.params) {
+    const int64_t n = shape_numel(p->shape);
+    p->*field = buf.defined() ? buf.slice0(off, off + n).reshape(p->shape) : Tensor();
+    off += n;
+  }
+}
+
+float* ZeroEngine::owned_value(const OwnedRun& r) {
+  if (cfg_.stage >= 3) return shard_values_.f32() + r.state_offset;
+  return r.param->value.f32() + r.begin;
+}
+
+// ---------------------------------------------------------------------------------------
+// Step path
+
+void ZeroEngine::zero_grads() {
+  if (cfg_.stage <= 1) model_.params().zero_grads();
+  if (cfg_.stage >= 1) shard_grads_.zero_();
+}
+
+void ZeroEngine::begin_micro_batch(bool last) { last_micro_ = last; }
+
+void ZeroEngine::begin_backward() { in_backward_ = true; }
+
+void ZeroEngine::end_backward() {
+  in_backward_ = false;
+  if (cfg_.stage >= 2 || last_micro_) wait_all();
+}
+
+double ZeroEngine::grad_sq_norm() {
+  if (cfg_.stage == 0) return optim::sum_of_squares(model_.params().flat_grads());
+  double s = optim::sum_of_squares(shard_grads_);  // padding elements are zero
+  comm_.all_reduce_sum(&s, 1);
+  return s;
+}
+
+void ZeroEngine::optimizer_step(float lr, float clip_coef) {
+  // A prefetch left over from a forward (evaluation, or the tied head's look-ahead) would
+  // hold values from before this update.
+  drop_prefetches();
+  if (cfg_.stage == 0) {
+    opt_->step(model_.params(), lr, clip_coef);
+    return;
+  }
+  segments_.clear();
+  for (const OwnedRun& r : owned_)
+    segments_.push_back({owned_value(r), shard_grads_.f32() + r.state_offset, r.state_offset,
+                         r.end - r.begin, opt_->config().decays(r.param->kind)});
+  opt_->step(segments_, lr, clip_coef);
+  if (cfg_.stage <= 2) sync_params();
+}
+
+void ZeroEngine::sync_params() {
+  prof::ScopedPhase ph(prof::Phase::Comm);
+  // Each unit: my updated piece into a padded staging buffer at my slot, gather in place.
+  float* values = model_.params().flat_values().f32();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const int64_t L = units_[u].len, c = part_.piece[u];
+    if (L == 0) continue;
+    Tensor staged = Tensor::zeros({c * part_.world});
+    const int64_t lo = part_.piece_begin(u), hi = part_.piece_end(u);
+    if (hi > lo)
+      std::memcpy(staged.f32() + lo, values + units_[u].start + lo, (hi - lo) * sizeof(float));
+    comm_.all_gather(staged.f32() + lo, staged.f32(), c);
+    std::memcpy(values + units_[u].start, staged.f32(), L * sizeof(float));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Hooks: gradients
+
+void ZeroEngine::grads_ready(int unit) {
+  if (units_[unit].len == 0) return;
+  if (cfg_.stage <= 1 && !last_micro_) return;  // accumulate locally until the last one
+  if (cfg_.stage == 0) {
+    // A bucket starts when its last unit (in ready order) is complete.
+    for (const auto& b : buckets_) {
+      if (b.back() != unit) continue;
+      const Unit& lo = units_[b.back()];  // lowest flat start
+      const Unit& hi = units_[b.front()];
+      float* g = model_.params().flat_grads().f32() + lo.start;
+      auto p = std::make_unique<Pending>();
+      p->units = b;
+      p->req = comm_.iall_reduce_sum(g, hi.start + hi.len - lo.start);
+      pending_.push_back(std::move(p));
+    }
+  } else {
+    launch_reduce(unit);
+  }
+  progress();
+}
+
+void ZeroEngine::launch_reduce(int unit) {
+  Unit& u = units_[unit];
+  const int64_t c = part_.piece[unit];
+  auto p = std::make_unique<Pending>();
+  p->units = {unit};
+  p->piece = Tensor::zeros({c});
+  const float* send;
+  if (cfg_.stage == 1) {  // the unit's accumulated gradient, padded
+    p->staged = Tensor::zeros({c * part_.world});
+    std::memcpy(p->staged.f32(), model_.params().flat_grads().f32() + u.start,
+                u.len * sizeof(float));
+    send = p->staged.f32();
+  } else {
+    send = u.grad.f32();  // allocated padded in acquire()
+  }
+  p->req = comm_.ireduce_scatter_sum(send, p->piece.f32(), c);
+  pending_.push_back(std::move(p));
+  // Bound the gradient memory in flight (stage 2/3 allocate a unit's gradient per backward).
+  while (cfg_.stage >= 2 && pending_.size() > kInflight) {
+    pending_.front()->req.wait();
+    finish(*pending_.front());
+    pending_.erase(pending_.begin());
+  }
+}
+
+void ZeroEngine::finish(Pending& p) {
+  if (cfg_.stage == 0) return;  // reduced in place
+  const int u = p.units[0];
+  const int64_t n = part_.piece_end(u) - part_.piece_begin(u);
+  if (n > 0) kernels::add_inplace(shard_grads_.f32() + part_.shard_offset[u], p.piece.f32(), n);
+  if (cfg_.stage >= 2) {
+    point(units_[u], &nn::Parameter::grad, Tensor());
+    units_[u].grad = Tensor();
+  }
+}
+
+void ZeroEngine::progress() {
+  for (size_t i = 0; i < pending_.size();) {
+    if (pending_[i]->req.test()) {
+      finish(*pending_[i]);
+      pending_.erase(pending_.begin() + i);
+    } else {
+      ++i;
+    }
+  }
+}
+
+void ZeroEngine::wait_all() {
+  prof::ScopedPhase ph(prof::Phase::Comm);
+  for (auto& p : pending_) {
+    p->req.wait();
+    finish(*p);
+  }
+  pending_.clear();
+}
+
+// ---------------------------------------------------------------------------------------
+// Hooks: parameters (stage 3) and per-unit gradient buffers (stage 2/3)
+
+void ZeroEngine::start_gather(int unit) {
+  Unit& u = units_[unit];
+  const int64_t c = part_.piece[unit];
+  u.value = Tensor::zeros({c * part_.world});
+  float* mine = u.value.f32() + part_.rank * c;
+  const int64_t n = part_.piece_end(unit) - part_.piece_begin(unit);
+  if (n > 0) std::memcpy(mine, shard_values_.f32() + part_.shard_offset[unit], n * sizeof(float));
+  u.gather = comm_.iall_gather(mine, u.value.f32(), c);
+}
+
+void ZeroEngine::acquire(int unit) {
+  Unit& u = units_[unit];
+  if (u.len == 0) return;
+  if (cfg_.stage >= 3) {
+    if (u.refs++ == 0) {
+      if (!u.value.defined()) start_gather(unit);
+      u.gather.wait();
+      point(u, &nn::Parameter::value, u.value);
+    }
+    // Prefetch the unit that runs next: forward goes up, backward down.
+    const int next = in_backward_ ? unit - 1 : unit + 1;
+    if (next >= 0 && next < static_cast<int>(units_.size()) && units_[next].len > 0 &&
+        !units_[next].value.defined())
+      start_gather(next);
+  }
+  if (cfg_.stage >= 2 && in_backward_ && !u.grad.defined()) {
+    u.grad = Tensor::zeros({part_.piece[unit] * part_.world});
+    point(u, &nn::Parameter::grad, u.grad);
+  }
+  progress();
+}
+
+void ZeroEngine::release(int unit) {
+  Unit& u = units_[unit];
+  if (cfg_.stage < 3 || u.len == 0) return;
+  if (--u.refs > 0) return;
+  point(u, &nn::Parameter::value, Tensor());
+  u.value = Tensor();
+}
+
+void ZeroEngine::gather_all() {
+  if (cfg_.stage < 3) return;
+  for (size_t u = 0; u < units_.size(); ++u) acquire(static_cast<int>(u));
+}
+
+void ZeroEngine::release_all() {
+  if (cfg_.stage < 3) return;
+  for (size_t u = 0; u < units_.size(); ++u) release(static_cast<int>(u));
+  drop_prefetches();
+}
+
+void ZeroEngine::drop_prefetches() {
+  for (Unit& u : units_) {
+    if (u.refs == 0 && u.value.defined()) {
+      u.gather.wait();
+      u.value = Tensor();
+    }
+  }
+}
+
+}  // namespace loom::parallel

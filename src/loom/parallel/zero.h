@@ -1,0 +1,128 @@
+// Data parallel training and ZeRO stages 1-3 (Rajbhandari et al. 2020, DeepSpeed's
+// zero_optimization.stage) over the data-parallel group:
+//   stage 0  every rank holds everything; after the step's last backward the gradients are
+//            summed by bucketed all-reduce, each bucket started as soon as its units'
+//            gradients are complete (overlapping the rest of the backward)
+//   stage 1  AdamW moments sharded: gradients reduce-scattered (each rank receives the sum
+//            of its shard), the shard updated, the updated parameters all-gathered
+//   stage 2  gradients sharded too: each unit's gradient lives only while its backward runs
+//            and is reduce-scattered into the shard right after, every micro-batch
+//   stage 3  parameters sharded too: a unit's parameters are all-gathered just before it
+//            runs (the next unit prefetched) and released after, in forward and backward
+// Partition: the model's units (models/causal_lm.h) each own one contiguous range of the
+// flat trainable vector (ParamStore's layout); a unit of L elements is padded to N * c with
+// c = ceil(L / N), and rank r owns elements [r c, (r + 1) c) of every unit. The rank's
+// shard is those pieces back to back (length S = sum of c). Frozen (PEFT base) parameters
+// are neither sharded nor communicated.
+// Gradients arrive already scaled by 1 / (target tokens of the global batch), so summing
+// over ranks gives the global batch's gradient exactly as one process computes it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/dist/communicator.h"
+#include "loom/models/causal_lm.h"
+#include "loom/optim/adamw.h"
+
+namespace loom::parallel {
+
+struct ZeroConfig {
+  int stage = 0;
+  int64_t reduce_bucket_size = 500'000'000;  // elements per stage-0 all-reduce (DeepSpeed's)
+};
+
+// Bytes one rank holds for the model state under a stage, and the engine's buffers: what
+// `loom plan` prints and the engine logs, from the same arithmetic.
+struct ZeroMemory {
+  int64_t params = 0, grads = 0, optimizer = 0, buffers = 0;
+  int64_t model_state() const { return params + grads + optimizer; }
+};
+
+// The partition of a model's trainable vector, from unit sizes alone (no model needed).
+struct ZeroPartition {
+  std::vector<int64_t> unit_start, unit_len;  // flat range of each unit
+  std::vector<int64_t> piece, shard_offset;   // per unit: c = ceil(L / N), its place in the shard
+  int64_t shard_len = 0;                      // S
+  int world = 1, rank = 0;
+
+  static ZeroPartition make(const std::vector<int64_t>& unit_lens, int world, int rank);
+  int64_t piece_begin(size_t u) const { return rank * piece[u]; }  // in unit coordinates
+  int64_t piece_end(size_t u) const;                               // clipped to the unit
+  // Model-state bytes per rank for `stage` with AdamW (fp32 values, grads, two moments):
+  // frozen_bytes are the weights that are not trained (held whole on every rank).
+  ZeroMemory memory(int stage, int64_t frozen_bytes) const;
+};
+
+class ZeroEngine : public models::UnitHooks {
+ public:
+  ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const ZeroConfig& cfg,
+             const optim::AdamWConfig& adamw);
+  ~ZeroEngine() override;
+
+  // The step path, in order (Trainer::step):
+  void zero_grads();
+  void begin_micro_batch(bool last);  // `last`: the step's gradients are reduced after it
+  void begin_backward();
+  void end_backward();    // after the last micro-batch: every reduction finished
+  double grad_sq_norm();  // of the step's summed gradients, over all ranks
+  void optimizer_step(float lr, float clip_coef);  // the rank's shard, then parameter sync
+
+  // Full parameter values on every rank for the caller's scope (saving a checkpoint);
+  // a no-op below stage 3.
+  void gather_all();
+  void release_all();
+
+  // For checkpoints: the elements this rank updates, as (parameter, first, last) runs in
+  // the parameter's flattened coordinates, and where they sit in the moment buffers.
+  struct OwnedRun {
+    nn::Parameter* param;
+    int64_t begin, end;  // flattened element range of the parameter
+    int64_t state_offset;
+  };
+  const std::vector<OwnedRun>& owned_runs() const { return owned_; }
+  optim::AdamW& optimizer() { return *opt_; }
+  // Values of the owned elements (the master copy at stage 3, the store's elsewhere).
+  float* owned_value(const OwnedRun& r);
+
+  const ZeroMemory& memory() const { return mem_; }
+  int stage() const { return cfg_.stage; }
+  const ZeroPartition& partition() const { return part_; }
+
+  // models::UnitHooks
+  void acquire(int unit) override;
+  void release(int unit) override;
+  void grads_ready(int unit) override;
+
+ private:
+  struct Unit;
+  struct Pending;
+  // Points the unit's parameters' value or grad views into buf (its unit layout), or
+  // leaves them undefined (buf undefined).
+  void point(Unit& u, Tensor nn::Parameter::*field, const Tensor& buf);
+  void launch_reduce(int unit);
+  void finish(Pending& p);
+  void progress();  // drives MPI and retires finished reductions
+  void wait_all();
+  void start_gather(int unit);
+  void drop_prefetches();  // gathered units nobody holds
+  void sync_params();      // stage 1/2: all-gather the updated pieces
+
+  models::CausalLM& model_;
+  dist::Communicator& comm_;
+  ZeroConfig cfg_;
+  ZeroPartition part_;
+  std::vector<Unit> units_;
+  std::vector<std::vector<int>> buckets_;  // stage 0: units per all-reduce, in ready order
+  std::vector<std::unique_ptr<Pending>> pending_;
+  std::unique_ptr<optim::AdamW> opt_;
+  std::vector<optim::AdamW::Segment> segments_;
+  std::vector<OwnedRun> owned_;
+  Tensor shard_values_, shard_grads_;  // stage 3 / stage >= 1
+  bool last_micro_ = true, in_backward_ = false;
+  ZeroMemory mem_;
+};
+
+}  // namespace loom::parallel

@@ -1,0 +1,162 @@
+#include "loom/train/checkpoint.h"
+
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include "loom/io/hf_checkpoint.h"
+#include "loom/io/safetensors.h"
+#include "loom/util/error.h"
+
+namespace loom::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+fs::path shard_file(const fs::path& dir, int rank) {
+  return dir / "optimizer" / ("rank" + std::to_string(rank) + ".safetensors");
+}
+
+// "12:345" -> {12, 345}; errors name the file and tensor.
+std::pair<int64_t, int64_t> parse_range(const std::string& s, const std::string& where) {
+  const size_t colon = s.find(':');
+  try {
+    LOOM_CHECK(colon != std::string::npos, "");
+    size_t a = 0, b = 0;
+    const int64_t begin = std::stoll(s.substr(0, colon), &a);
+    const int64_t end = std::stoll(s.substr(colon + 1), &b);
+    LOOM_CHECK(a == colon && b == s.size() - colon - 1 && 0 <= begin && begin <= end, "");
+    return {begin, end};
+  } catch (...) {
+    throw Error(where + ": slice metadata '" + s + "' is not begin:end");
+  }
+}
+
+}  // namespace
+
+void save_train_checkpoint(const fs::path& dir, const TrainerState& st,
+                           parallel::ZeroEngine& engine, dist::Communicator& comm,
+                           const std::function<void(const fs::path&)>& write_model) {
+  const fs::path tmp = dir.string() + ".tmp";
+  if (comm.rank() == 0) {
+    fs::remove_all(tmp);
+    engine.gather_all();
+    try {
+      write_model(tmp);  // creates tmp (atomically itself)
+    } catch (...) {
+      engine.release_all();
+      throw;
+    }
+    engine.release_all();
+    fs::create_directories(tmp / "optimizer");
+    io::write_json_file(tmp / "trainer_state.json", json{{"step", st.step},
+                                                         {"train_batch_size", st.train_batch},
+                                                         {"world_size", st.world_size},
+                                                         {"zero_stage", st.zero_stage}});
+  } else {
+    engine.gather_all();  // collective at stage 3
+    engine.release_all();
+  }
+  comm.barrier();
+  // Replicated moments (stage 0) are written once, by rank 0; shards by their owners.
+  if (engine.stage() > 0 || comm.rank() == 0) {
+    const optim::AdamW& opt = engine.optimizer();
+    std::vector<io::StWriteTensor> tensors;
+    std::map<std::string, std::string> meta;
+    for (const auto& r : engine.owned_runs()) {
+      const int64_t n = r.end - r.begin;
+      const std::string range = std::to_string(r.begin) + ":" + std::to_string(r.end);
+      for (const auto& [kind, buf] :
+           {std::pair{"exp_avg/", &opt.exp_avg()}, std::pair{"exp_avg_sq/", &opt.exp_avg_sq()}}) {
+        const std::string name = kind + r.param->name + "@" + range;
+        tensors.push_back({name,
+                           io::StDType::F32,
+                           {n},
+                           buf->f32() + r.state_offset,
+                           static_cast<size_t>(n) * sizeof(float)});
+        meta[name] = range;
+      }
+    }
+    meta["adamw_step"] = std::to_string(opt.steps_taken());
+    io::write_safetensors(shard_file(tmp, comm.rank()), tensors, meta);
+  }
+  comm.barrier();
+  if (comm.rank() == 0) {
+    if (fs::exists(dir)) fs::remove_all(dir);
+    fs::rename(tmp, dir);
+  }
+  comm.barrier();
+}
+
+TrainerState read_trainer_state(const fs::path& dir) {
+  const fs::path f = dir / "trainer_state.json";
+  LOOM_CHECK(fs::exists(f), dir.string() + ": not a training checkpoint (no trainer_state.json)");
+  const json j = io::read_json_file(f);
+  TrainerState st;
+  auto get = [&](const char* k) {
+    LOOM_CHECK(j.contains(k) && j[k].is_number_integer() && j[k].get<int64_t>() >= 0,
+               f.string() + ": key '" + k + "' must be a non-negative integer");
+    return j[k].get<int64_t>();
+  };
+  st.step = get("step");
+  st.train_batch = get("train_batch_size");
+  st.world_size = static_cast<int>(get("world_size"));
+  st.zero_stage = static_cast<int>(get("zero_stage"));
+  return st;
+}
+
+void load_optimizer_state(const fs::path& dir, const TrainerState& st,
+                          parallel::ZeroEngine& engine) {
+  // Every shard file of the saving run, and where each parameter's slices are.
+  struct Slice {
+    const io::SafetensorsFile* file;
+    std::string tensor;
+    int64_t begin, end;
+  };
+  std::vector<io::SafetensorsFile> files;
+  const int writers = st.zero_stage > 0 ? st.world_size : 1;
+  for (int r = 0; r < writers; ++r) files.push_back(io::SafetensorsFile::open(shard_file(dir, r)));
+  std::map<std::string, std::vector<Slice>> slices;  // "exp_avg/<param>" -> slices
+  int64_t adamw_step = -1;
+  for (const auto& f : files) {
+    const std::string where = f.path().string();
+    auto it = f.metadata().find("adamw_step");
+    LOOM_CHECK(it != f.metadata().end(), where + ": no adamw_step in the metadata");
+    adamw_step = std::stoll(it->second);
+    for (const auto& t : f.tensors()) {
+      auto m = f.metadata().find(t.name);
+      LOOM_CHECK(m != f.metadata().end(),
+                 where + ": tensor '" + t.name + "' has no slice metadata");
+      auto [b, e] = parse_range(m->second, where + ": tensor '" + t.name + "'");
+      LOOM_CHECK(t.dtype == io::StDType::F32 && t.numel() == e - b,
+                 where + ": tensor '" + t.name + "' does not hold " + std::to_string(e - b) +
+                     " f32 values");
+      slices[t.name.substr(0, t.name.rfind('@'))].push_back({&f, t.name, b, e});
+    }
+  }
+  optim::AdamW& opt = engine.optimizer();
+  for (const auto& r : engine.owned_runs()) {
+    for (const auto& [kind, buf] :
+         {std::pair{"exp_avg/", &opt.exp_avg()}, std::pair{"exp_avg_sq/", &opt.exp_avg_sq()}}) {
+      const std::string key = kind + r.param->name;
+      int64_t covered = 0;
+      for (const Slice& s : slices[key]) {
+        const int64_t a = std::max(r.begin, s.begin), b = std::min(r.end, s.end);
+        if (a >= b) continue;
+        const float* src = reinterpret_cast<const float*>(s.file->find(s.tensor)->data.data());
+        std::copy(src + (a - s.begin), src + (b - s.begin),
+                  buf->f32() + r.state_offset + (a - r.begin));
+        covered += b - a;
+      }
+      LOOM_CHECK(covered == r.end - r.begin,
+                 dir.string() + ": optimizer state '" + key + "' elements [" +
+                     std::to_string(r.begin) + ", " + std::to_string(r.end) +
+                     ") are not in the checkpoint (or are there twice)");
+    }
+  }
+  opt.set_steps_taken(adamw_step);
+}
+
+}  // namespace loom::train

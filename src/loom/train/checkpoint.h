@@ -1,0 +1,43 @@
+// Training checkpoints: what a run needs to continue exactly, saved from any parallel
+// layout and loadable into any other (1 process <-> ZeRO-3 on 4 <-> ZeRO-2 on 2 ...).
+//   <dir>/config.json + model.safetensors   the full model, HF layout (full fine-tuning)
+//   <dir>/adapter_config.json + ...          or the PEFT adapter folder (PEFT runs)
+//   <dir>/trainer_state.json                 step, global batch, the layout it was saved from
+//   <dir>/optimizer/rank<r>.safetensors      AdamW moments this rank updated, under logical
+//        names: "exp_avg/<param>" and "exp_avg_sq/<param>" hold a run of the parameter's
+//        flattened elements, and the file's metadata maps each tensor to "begin:end"
+// Loading reads, for every run of elements this rank updates, the slices that cover it,
+// whoever wrote them. Collective: every rank calls save/load. Rank 0 writes the model and
+// the state into a temporary folder, every rank its optimizer shard, and rank 0 renames the
+// folder after a barrier, so a checkpoint is complete or absent (a rank that dies mid-save
+// leaves the previous checkpoint as it was).
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include "loom/dist/communicator.h"
+#include "loom/parallel/zero.h"
+
+namespace loom::train {
+
+struct TrainerState {
+  int64_t step = 0;
+  int64_t train_batch = 0;  // global batch: the sample order depends on it
+  int world_size = 1;
+  int zero_stage = 0;
+};
+
+// write_model(dir): writes the model files into `dir` (rank 0 only calls it).
+void save_train_checkpoint(const std::filesystem::path& dir, const TrainerState& st,
+                           parallel::ZeroEngine& engine, dist::Communicator& comm,
+                           const std::function<void(const std::filesystem::path&)>& write_model);
+
+TrainerState read_trainer_state(const std::filesystem::path& dir);
+
+// Fills the engine's optimizer moments (and step count) from the checkpoint's shards.
+void load_optimizer_state(const std::filesystem::path& dir, const TrainerState& st,
+                          parallel::ZeroEngine& engine);
+
+}  // namespace loom::train
