@@ -6,8 +6,8 @@
 //     (stage 0) and ZeRO stages 1, 2 and 3;
 //   - LoRA under ZeRO-3: the adapter folder it saves holds the full tensors and equals the
 //     one-process adapter;
-//   - resume: a ZeRO-3 checkpoint after 10 steps continues on one process, and at ZeRO-2
-//     on the same ranks, exactly as the uninterrupted run.
+//   - resume: a ZeRO-3 checkpoint after 10 steps continues on one process, at ZeRO-2 on the
+//     same ranks, and (saved on 4) at ZeRO-2 on 2 ranks, exactly as the uninterrupted run.
 // The one-process reference runs on rank 0 alone (a LocalComm) while the others wait.
 #include <gtest/gtest.h>
 
@@ -195,6 +195,14 @@ TEST(ZeroResume, Stage3CheckpointContinuesOnOneProcessAndAtStage2) {
   jr["zero_optimization"] = {{"stage", 2}};
   const Trained two = train(jr, *g_world, 20);
   expect_same(ref, two, 10, "ZeRO-3 checkpoint resumed at ZeRO-2");
+  // Saved on 4 ranks, resumed at ZeRO-2 on 2 (ranks 0 and 1; the others wait).
+  if (g_world->size() >= 4) {
+    std::unique_ptr<dist::Communicator> pair = g_world->split(g_world->rank() < 2 ? 0 : 1, 0);
+    Trained on_two;
+    if (g_world->rank() < 2) on_two = train(jr, *pair, 20);
+    g_world->barrier();
+    expect_same(ref, on_two, 10, "ZeRO-3 checkpoint from 4 ranks resumed at ZeRO-2 on 2");
+  }
 }
 
 }  // namespace
