@@ -3,7 +3,8 @@
 //   - 20 steps of a small GPT-2 and a small Llama, gradient accumulation 2, clipping on, on
 //     SFT rows whose micro-batches hold different numbers of target tokens: every step's
 //     loss within 1e-5 relative and the final parameters within 1e-5 relative, for DP
-//     (stage 0) and ZeRO stages 1, 2 and 3;
+//     (stage 0) and ZeRO stages 1, 2 and 3; the eval loss (validation rows split over the
+//     ranks) before and after training, within 1e-5 relative too;
 //   - LoRA under ZeRO-3: the adapter folder it saves holds the full tensors and equals the
 //     one-process adapter;
 //   - resume: a ZeRO-3 checkpoint after 10 steps continues on one process, at ZeRO-2 on the
@@ -65,6 +66,7 @@ nlohmann::json base_config(const std::string& arch) {
             {"tokenizer", "bytes"},
             {"template", "plain"},
             {"seq_len", 40},
+            {"valid_fraction", 0.2},
             {"cache_dir", (job_dir() / "cache").string()}}},
           {"train_batch_size", 12},
           {"gradient_accumulation_steps", 2},
@@ -80,6 +82,7 @@ nlohmann::json base_config(const std::string& arch) {
 struct Trained {
   std::vector<double> losses;
   std::map<std::string, std::vector<float>> params;  // trainable, full values
+  std::vector<double> eval_losses;                   // before the first step and after the last
 };
 
 // Trains `steps` steps (from a checkpoint when the config says so) on `comm`.
@@ -94,10 +97,18 @@ Trained train(nlohmann::json j, dist::Communicator& comm, int64_t steps,
   train::TrainConfig cfg = train::parse_config(j, "test", world);
   train::Trainer t(cfg, nullptr, &comm);
   Trained r;
+  r.eval_losses.push_back(t.evaluate());
   while (t.steps_done() < steps) r.losses.push_back(t.step().loss);
-  t.engine().gather_all();
-  for (auto& p : t.model().params().all())
-    if (p->trainable) r.params[p->name].assign(p->value.f32(), p->value.f32() + p->value.numel());
+  r.eval_losses.push_back(t.evaluate());
+  t.engine().gather_all(0);
+  for (auto& p : t.model().params().all()) {
+    if (!p->trainable) continue;
+    if (comm.rank() == 0) {
+      r.params[p->name].assign(p->value.f32(), p->value.f32() + p->value.numel());
+    } else if (t.engine().stage() == 3) {  // only the root holds the whole model
+      EXPECT_FALSE(p->value.defined()) << p->name << " on rank " << comm.rank();
+    }
+  }
   t.engine().release_all();
   if (!save_to.empty()) t.save_checkpoint(save_to);
   return r;
@@ -111,6 +122,13 @@ void expect_same(const Trained& ref, const Trained& got, size_t first_step,
     const double a = ref.losses[first_step + i], b = got.losses[i];
     EXPECT_LE(std::fabs(a - b), 1e-5 * std::fabs(a))
         << what << ": loss of step " << first_step + i + 1;
+  }
+  ASSERT_EQ(got.eval_losses.size(), 2u) << what;
+  EXPECT_NEAR(got.eval_losses.back(), ref.eval_losses.back(), 1e-5 * ref.eval_losses.back())
+      << what << ": eval loss after step " << ref.losses.size();
+  if (first_step == 0) {
+    EXPECT_NEAR(got.eval_losses[0], ref.eval_losses[0], 1e-5 * ref.eval_losses[0])
+        << what << ": eval loss before training";
   }
   ASSERT_EQ(ref.params.size(), got.params.size()) << what;
   for (const auto& [name, v] : ref.params) {

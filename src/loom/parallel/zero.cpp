@@ -368,14 +368,19 @@ void ZeroEngine::release(int unit) {
   u.value = Tensor();
 }
 
-void ZeroEngine::gather_all() {
+void ZeroEngine::gather_all(int root) {
   if (cfg_.stage < 3) return;
-  for (size_t u = 0; u < units_.size(); ++u) acquire(static_cast<int>(u));
+  // Same acquire order on every rank, so the gathers (and their prefetches) pair up.
+  for (size_t u = 0; u < units_.size(); ++u) {
+    acquire(static_cast<int>(u));
+    if (comm_.rank() != root) release(static_cast<int>(u));
+  }
 }
 
 void ZeroEngine::release_all() {
   if (cfg_.stage < 3) return;
-  for (size_t u = 0; u < units_.size(); ++u) release(static_cast<int>(u));
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].refs > 0) release(static_cast<int>(u));  // held on the root only
   drop_prefetches();
 }
 

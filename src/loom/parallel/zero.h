@@ -70,9 +70,10 @@ class ZeroEngine : public models::UnitHooks {
   double grad_sq_norm();  // of the step's summed gradients, over all ranks
   void optimizer_step(float lr, float clip_coef);  // the rank's shard, then parameter sync
 
-  // Full parameter values on every rank for the caller's scope (saving a checkpoint);
-  // a no-op below stage 3.
-  void gather_all();
+  // Full parameter values on `root` for the caller's scope (saving a checkpoint); the other
+  // ranks take part in each unit's all-gather and keep at most the next prefetched unit, so
+  // only the writing rank ever holds the whole model. A no-op below stage 3.
+  void gather_all(int root);
   void release_all();
 
   // For checkpoints: the elements this rank updates, as (parameter, first, last) runs in

@@ -40,25 +40,22 @@ void save_train_checkpoint(const fs::path& dir, const TrainerState& st,
                            parallel::ZeroEngine& engine, dist::Communicator& comm,
                            const std::function<void(const fs::path&)>& write_model) {
   const fs::path tmp = dir.string() + ".tmp";
+  engine.gather_all(0);  // collective at stage 3: the full model on rank 0 only
   if (comm.rank() == 0) {
     fs::remove_all(tmp);
-    engine.gather_all();
     try {
       write_model(tmp);  // creates tmp (atomically itself)
     } catch (...) {
       engine.release_all();
       throw;
     }
-    engine.release_all();
     fs::create_directories(tmp / "optimizer");
     io::write_json_file(tmp / "trainer_state.json", json{{"step", st.step},
                                                          {"train_batch_size", st.train_batch},
                                                          {"world_size", st.world_size},
                                                          {"zero_stage", st.zero_stage}});
-  } else {
-    engine.gather_all();  // collective at stage 3
-    engine.release_all();
   }
+  engine.release_all();
   comm.barrier();
   // Replicated moments (stage 0) are written once, by rank 0; shards by their owners.
   if (engine.stage() > 0 || comm.rank() == 0) {

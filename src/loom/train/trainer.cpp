@@ -205,8 +205,10 @@ double Trainer::evaluate() {
   const int64_t T = valid_->seq_len(), B = cfg_.micro_batch, V = model_->vocab_size();
   // Rank r takes batches r, r + N, ...; every rank runs the same number of forwards (a
   // ZeRO-3 forward is collective), the spare ones on a row whose targets are all ignored.
+  // Each sample's sums go to its own slot, summed over ranks (adding only zeros) and then in
+  // sample order, so the reduction does not depend on the layout or the batch size.
   const int64_t batches = (valid_->size() + B - 1) / B, N = comm_->size();
-  double acc[2] = {0.0, 0.0};  // loss sum, target count
+  std::vector<double> slots(2 * valid_->size(), 0.0);  // [sample][loss sum, target count]
   for (int64_t k = comm_->rank(); k < (batches + N - 1) / N * N; k += N) {
     const int64_t first = k * B, b = k < batches ? std::min(B, valid_->size() - first) : 1;
     Tensor ids = Tensor::zeros({b, T}, DType::I32), tg = Tensor::zeros({b, T}, DType::I32);
@@ -219,12 +221,20 @@ double Trainer::evaluate() {
     } else {
       std::fill(tg.i32(), tg.i32() + T, kernels::kIgnoreIndex);
     }
-    const Tensor& logits = model_->forward(ids, pos);
-    acc[0] += kernels::cross_entropy_loss(logits.f32(), tg.i32(), b * T, V);
-    acc[1] += static_cast<double>(kernels::count_targets(tg.i32(), b * T));
+    const Tensor& logits = model_->forward(ids, pos);  // [b, T, V]
+    for (int64_t i = 0; k < batches && i < b; ++i) {
+      const int32_t* row = tg.i32() + i * T;
+      slots[2 * (first + i)] = kernels::cross_entropy_loss(logits.f32() + i * T * V, row, T, V);
+      slots[2 * (first + i) + 1] = static_cast<double>(kernels::count_targets(row, T));
+    }
   }
-  comm_->all_reduce_sum(acc, 2);
-  return acc[1] > 0 ? acc[0] / acc[1] : std::nan("");
+  comm_->all_reduce_sum(slots.data(), static_cast<int64_t>(slots.size()));
+  double loss = 0.0, count = 0.0;
+  for (size_t s = 0; s < slots.size(); s += 2) {
+    loss += slots[s];
+    count += slots[s + 1];
+  }
+  return count > 0 ? loss / count : std::nan("");
 }
 
 void Trainer::write_model(const fs::path& dir) {
