@@ -19,6 +19,7 @@
 #include "loom/dist/communicator.h"
 #include "loom/io/safetensors.h"
 #include "loom/train/trainer.h"
+#include "loom/train/verify.h"
 
 namespace loom {
 namespace {
@@ -79,11 +80,7 @@ nlohmann::json base_config(const std::string& arch) {
             {"params", {{"warmup_num_steps", 3}, {"warmup_type", "linear"}}}}}};
 }
 
-struct Trained {
-  std::vector<double> losses;
-  std::map<std::string, std::vector<float>> params;  // trainable, full values
-  std::vector<double> eval_losses;                   // before the first step and after the last
-};
+using Trained = train::RunRecord;
 
 // Trains `steps` steps (from a checkpoint when the config says so) on `comm`.
 Trained train(nlohmann::json j, dist::Communicator& comm, int64_t steps,
@@ -96,20 +93,16 @@ Trained train(nlohmann::json j, dist::Communicator& comm, int64_t steps,
   }
   train::TrainConfig cfg = train::parse_config(j, "test", world);
   train::Trainer t(cfg, nullptr, &comm);
-  Trained r;
-  r.eval_losses.push_back(t.evaluate());
-  while (t.steps_done() < steps) r.losses.push_back(t.step().loss);
-  r.eval_losses.push_back(t.evaluate());
-  t.engine().gather_all(0);
-  for (auto& p : t.model().params().all()) {
-    if (!p->trainable) continue;
-    if (comm.rank() == 0) {
-      r.params[p->name].assign(p->value.f32(), p->value.f32() + p->value.numel());
-    } else if (t.engine().stage() == 3) {  // only the root holds the whole model
-      EXPECT_FALSE(p->value.defined()) << p->name << " on rank " << comm.rank();
+  Trained r = train::record_run(t, steps);
+  if (t.engine().stage() == 3) {  // collective; only the root then holds the whole model
+    t.engine().gather_all(0);
+    for (auto& p : t.model().params().all()) {
+      if (p->trainable && comm.rank() != 0) {
+        EXPECT_FALSE(p->value.defined()) << p->name << " on rank " << comm.rank();
+      }
     }
+    t.engine().release_all();
   }
-  t.engine().release_all();
   if (!save_to.empty()) t.save_checkpoint(save_to);
   return r;
 }
@@ -122,6 +115,9 @@ void expect_same(const Trained& ref, const Trained& got, size_t first_step,
     const double a = ref.losses[first_step + i], b = got.losses[i];
     EXPECT_LE(std::fabs(a - b), 1e-5 * std::fabs(a))
         << what << ": loss of step " << first_step + i + 1;
+    const double na = ref.grad_norms[first_step + i], nb = got.grad_norms[i];
+    EXPECT_LE(std::fabs(na - nb), 1e-5 * std::fabs(na))
+        << what << ": gradient norm of step " << first_step + i + 1;
   }
   ASSERT_EQ(got.eval_losses.size(), 2u) << what;
   EXPECT_NEAR(got.eval_losses.back(), ref.eval_losses.back(), 1e-5 * ref.eval_losses.back())

@@ -2,6 +2,7 @@
 //   loom train CONFIG.json [--set key.path=value ...]   (under mpirun: one rank of the job)
 //   loom launch -n N [--hostfile F] -- train CONFIG.json ...   (runs mpirun for you)
 //   loom plan CONFIG.json --world N                  (memory per rank, each ZeRO stage)
+//   loom launch -n N -- verify CONFIG.json [--steps K] [--rtol R]   (N ranks == one process?)
 //   loom generate --model PATH --prompt TEXT [--chat 1] [sampling flags]
 //   loom chat --model PATH [sampling flags]          (interactive; keeps the conversation)
 //   loom forward --model DIR (--ids 1,2,3 | --text TEXT) --out FILE.safetensors
@@ -31,6 +32,7 @@
 #include "loom/train/config.h"
 #include "loom/train/plan.h"
 #include "loom/train/trainer.h"
+#include "loom/train/verify.h"
 #include "loom/util/error.h"
 #include "loom/util/path.h"
 
@@ -41,6 +43,8 @@ constexpr const char* kUsage =
     "  loom train CONFIG.json [--set key.path=value ...]\n"
     "  loom launch -n N [--hostfile FILE] -- train CONFIG.json ...   (N ranks via mpirun)\n"
     "  loom plan CONFIG.json --world N [--set ...]   (memory per rank for ZeRO stages 0-3)\n"
+    "  loom launch -n N -- verify CONFIG.json [--steps K] [--rtol R] [--set ...]\n"
+    "     (trains K steps on N ranks and on one process; exit 1 when they differ)\n"
     "  loom generate --model PATH --prompt TEXT [--chat 1] [--system S] [sampling]\n"
     "  loom chat --model PATH [--system S] [sampling]\n"
     "     PATH: an HF folder, a loom checkpoint or a .gguf file; sampling: --max-tokens N\n"
@@ -108,20 +112,15 @@ int64_t to_int(const std::string& s, const char* what) {
   throw UsageError(std::string(what) + ": '" + s + "' is not an integer");
 }
 
-// One process of a job (mpirun -np N loom train ..., or loom launch): every rank builds the
-// same model and trains its slice of each global batch. A rank that fails ends the whole
-// job (MPI_Abort) after saying which rank and why, so no other rank waits in a collective.
-int cmd_train(const Args& a) {
-  a.only({"--set"});
-  if (a.positional.size() != 1) throw UsageError("train takes one CONFIG.json");
-  std::vector<std::string> sets;
-  for (auto& [k, v] : a.flags) sets.push_back(v);
+// Runs fn(mesh) as this process's part of the job (mpirun -np N loom ..., or loom launch;
+// pp = tp = 1 for now). A rank that fails ends the whole job (MPI_Abort) after saying which
+// rank and why, so no other rank waits in a collective.
+template <class Fn>
+int on_every_rank(Fn&& fn) {
   std::unique_ptr<loom::dist::Communicator> world = loom::dist::make_world_communicator();
   try {
     loom::dist::ProcessMesh mesh(*world, /*tp=*/1, /*pp=*/1);
-    loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, mesh.shape().dp);
-    loom::train::Trainer trainer(cfg, nullptr, &mesh.dp());
-    trainer.run();
+    return fn(mesh);
   } catch (const std::exception& e) {
     if (world->size() == 1) throw;
     std::fprintf(stderr, "loom: rank %d of %d: error: %s\n", world->rank(), world->size(),
@@ -129,7 +128,39 @@ int cmd_train(const Args& a) {
     std::fflush(stderr);
     world->abort(1);
   }
-  return 0;
+  return 1;  // not reached: abort() ends the job
+}
+
+// loom train: every rank builds the same model and trains its slice of each global batch.
+int cmd_train(const Args& a) {
+  a.only({"--set"});
+  if (a.positional.size() != 1) throw UsageError("train takes one CONFIG.json");
+  std::vector<std::string> sets;
+  for (auto& [k, v] : a.flags) sets.push_back(v);
+  return on_every_rank([&](loom::dist::ProcessMesh& mesh) {
+    loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, mesh.shape().dp);
+    loom::train::Trainer trainer(cfg, nullptr, &mesh.dp());
+    trainer.run();
+    return 0;
+  });
+}
+
+// loom verify CONFIG [--steps K] [--rtol R] [--set ...], under mpirun: the job's layout
+// against one process (train/verify.h). Exit 1 when they differ by more than rtol.
+int cmd_verify(const Args& a) {
+  a.only({"--set", "--steps", "--rtol"});
+  if (a.positional.size() != 1) throw UsageError("verify takes one CONFIG.json");
+  std::vector<std::string> sets;
+  for (auto& [k, v] : a.flags)
+    if (k == "--set") sets.push_back(v);
+  return on_every_rank([&](loom::dist::ProcessMesh& mesh) {
+    loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, mesh.shape().dp);
+    const int64_t steps = a.get("--steps") ? to_int(*a.get("--steps"), "--steps")
+                                           : std::min<int64_t>(cfg.train_steps, 10);
+    const double rtol = a.get("--rtol") ? to_float(*a.get("--rtol"), "--rtol") : 1e-5;
+    const bool equal = loom::train::verify(cfg, mesh.dp(), steps, rtol).equal;
+    return equal || mesh.dp().rank() != 0 ? 0 : 1;
+  });
 }
 
 // loom launch -n N [--hostfile F] -- ARGS: runs `loom ARGS` as N ranks under mpirun.
@@ -336,6 +367,7 @@ int main(int argc, char** argv) {
     if (cmd == "forward") return cmd_forward(a);
     if (cmd == "export") return cmd_export(a);
     if (cmd == "plan") return cmd_plan(a);
+    if (cmd == "verify") return cmd_verify(a);
     throw UsageError("unknown command '" + cmd + "'");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "loom: %s\n%s", e.what(), kUsage);

@@ -58,6 +58,7 @@ class Trainer {
   models::CausalLM& model() { return *model_; }
   const optim::AdamW& optimizer() const { return engine_->optimizer(); }
   parallel::ZeroEngine& engine() { return *engine_; }
+  dist::Communicator& comm() { return *comm_; }
   int64_t steps_done() const { return step_; }
 
   // Bytes this rank holds for the model state (weights as held: f32 and quantized blocks;

@@ -1,0 +1,146 @@
+#include "loom/train/verify.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <thread>
+
+#include "loom/util/error.h"
+
+namespace loom::train {
+
+namespace {
+
+// |got - want| / |want|; two NaNs (no validation data on either side) are equal.
+double rel_diff(double got, double want) {
+  if (std::isnan(got) && std::isnan(want)) return 0.0;
+  if (std::isnan(got) || std::isnan(want)) return std::numeric_limits<double>::infinity();
+  return std::abs(got - want) / std::max(std::abs(want), 1e-30);
+}
+
+// Waits for a collective without spinning: while rank 0 runs the one-process reference the
+// other ranks would otherwise busy-poll in MPI and take its cores on a small machine.
+void wait_sleeping(dist::Request& r) {
+  while (!r.test()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+}  // namespace
+
+RunRecord record_run(Trainer& t, int64_t steps) {
+  RunRecord r;
+  r.eval_losses.push_back(t.evaluate());
+  while (t.steps_done() < steps) {
+    const StepStats st = t.step();
+    r.losses.push_back(st.loss);
+    r.grad_norms.push_back(st.grad_norm);
+  }
+  r.eval_losses.push_back(t.evaluate());
+  const bool root = t.comm().rank() == 0;
+  t.engine().gather_all(0);
+  if (root)
+    for (auto& p : t.model().params().all())
+      if (p->trainable) r.params[p->name].assign(p->value.f32(), p->value.f32() + p->value.numel());
+  t.engine().release_all();
+  return r;
+}
+
+nlohmann::json one_process_config(const TrainConfig& cfg, int world_size) {
+  nlohmann::json j = cfg.raw;
+  j["train_micro_batch_size_per_gpu"] = cfg.micro_batch;
+  j["gradient_accumulation_steps"] = cfg.grad_accum * world_size;
+  j["train_batch_size"] = cfg.train_batch;
+  return j;
+}
+
+VerifyReport compare_runs(const RunRecord& got, const RunRecord& want, double rtol) {
+  LOOM_CHECK(
+      got.losses.size() == want.losses.size() && got.eval_losses.size() == want.eval_losses.size(),
+      "verify: the two runs recorded different numbers of steps");
+  LOOM_CHECK(got.params.size() == want.params.size(),
+             "verify: the two runs train different numbers of tensors");
+  VerifyReport rep;
+  auto add = [&](std::vector<Difference>& to, std::string what, double g, double w, double rel) {
+    to.push_back({std::move(what), g, w, rel});
+    if (to.back().rel > rep.worst.rel || rep.worst.what.empty()) rep.worst = to.back();
+  };
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    const std::string step = std::to_string(i + 1);
+    add(rep.steps, "loss, step " + step, got.losses[i], want.losses[i],
+        rel_diff(got.losses[i], want.losses[i]));
+    add(rep.steps, "gradient norm, step " + step, got.grad_norms[i], want.grad_norms[i],
+        rel_diff(got.grad_norms[i], want.grad_norms[i]));
+  }
+  for (size_t i = 0; i < want.eval_losses.size(); ++i) {
+    const std::string what = i == 0 ? "eval loss before training"
+                                    : "eval loss after step " + std::to_string(want.losses.size());
+    add(rep.steps, what, got.eval_losses[i], want.eval_losses[i],
+        rel_diff(got.eval_losses[i], want.eval_losses[i]));
+  }
+  for (const auto& [name, w] : want.params) {
+    auto it = got.params.find(name);
+    LOOM_CHECK(it != got.params.end() && it->second.size() == w.size(),
+               "verify: tensor " + name + " differs in shape between the two runs");
+    const std::vector<float>& g = it->second;
+    double diff = 0, gn = 0, wn = 0;  // L2 norms of got - want, got, want
+    for (size_t k = 0; k < w.size(); ++k) {
+      diff += (double(g[k]) - w[k]) * (double(g[k]) - w[k]);
+      gn += double(g[k]) * g[k];
+      wn += double(w[k]) * w[k];
+    }
+    const double rel = std::sqrt(diff) / std::max(std::sqrt(wn), 1e-30);
+    add(rep.params, name, std::sqrt(gn), std::sqrt(wn), std::isnan(rel) ? INFINITY : rel);
+  }
+  rep.equal = rep.worst.rel <= rtol;
+  return rep;
+}
+
+VerifyReport verify(const TrainConfig& cfg, dist::Communicator& comm, int64_t steps, double rtol) {
+  const int world = comm.size();
+  LOOM_CHECK(world > 1,
+             "verify compares N ranks with one process: run it on several, e.g. "
+             "`loom launch -n 2 -- verify CONFIG`");
+  LOOM_CHECK(steps >= 1 && steps <= cfg.train_steps,
+             "verify: --steps must be between 1 and train_steps (" +
+                 std::to_string(cfg.train_steps) + ")");
+  RunRecord job;
+  {
+    Trainer t(cfg, nullptr, &comm);
+    job = record_run(t, steps);
+  }
+  // The reference on rank 0 while the others sleep; then everyone leaves together.
+  RunRecord one;
+  float token = 0.0f;
+  if (comm.rank() == 0) {
+    dist::LocalComm local;
+    Trainer t(parse_config(one_process_config(cfg, world), "verify (one process)", 1), nullptr,
+              &local);
+    one = record_run(t, steps);
+  }
+  dist::Request done = comm.iall_reduce_sum(&token, 1);
+  wait_sleeping(done);
+  if (comm.rank() != 0) return {};
+
+  const VerifyReport rep = compare_runs(job, one, rtol);
+  std::printf(
+      "loom verify: %d ranks at ZeRO stage %d vs one process, %lld steps, global batch "
+      "%lld (%lld per micro-batch, accumulation %lld on the job, %lld on one process)\n",
+      world, cfg.zero.stage, static_cast<long long>(steps), static_cast<long long>(cfg.train_batch),
+      static_cast<long long>(cfg.micro_batch), static_cast<long long>(cfg.grad_accum),
+      static_cast<long long>(cfg.grad_accum * world));
+  std::printf("%-30s %16s %16s %10s\n", "", "job", "one process", "rel. diff");
+  for (const Difference& d : rep.steps)
+    std::printf("%-30s %16.9g %16.9g %10.2e\n", d.what.c_str(), d.got, d.want, d.rel);
+  const Difference* worst_param = nullptr;
+  for (const Difference& d : rep.params)
+    if (!worst_param || d.rel > worst_param->rel) worst_param = &d;
+  if (worst_param)
+    std::printf("final parameters: %zu tensors, largest relative difference %.2e (%s)\n",
+                rep.params.size(), worst_param->rel, worst_param->what.c_str());
+  std::printf("%s: largest relative difference %.2e (%s), tolerance %.1e\n",
+              rep.equal ? "EQUAL" : "DIFFERENT", rep.worst.rel, rep.worst.what.c_str(), rtol);
+  std::fflush(stdout);
+  return rep;
+}
+
+}  // namespace loom::train

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# `loom verify` end to end: LoRA on the tiny Llama fixture under ZeRO-3 on 3 ranks (an odd
+# size) must report EQUAL and exit 0; with --rtol 0 the same run must report DIFFERENT and
+# exit non-zero (the layouts sum in another order, so some difference is never exactly 0);
+# on one process verify refuses with a message saying how to run it.
+# usage: verify_cli.sh LOOM SOURCE_DIR MPIRUN [mpirun options...]
+set -u
+loom=$1 src=$2
+shift 2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+python3 - "$tmp/sft.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(48):  # responses of different lengths: micro-batches differ in targets
+        f.write(json.dumps({"prompt": f"q{i}" + "?" * (i % 5),
+                            "response": chr(97 + i % 26) * (1 + i * 7 % 19)}) + "\n")
+PY
+cat > "$tmp/cfg.json" <<JSON
+{"model": "$src/tests/fixtures/llama_tiny",
+ "peft": {"method": "lora", "r": 4, "lora_alpha": 8, "lora_dropout": 0.1,
+          "target_modules": "all-linear"},
+ "data": {"path": "$tmp/sft.jsonl", "format": "prompt_response", "tokenizer": "bytes",
+          "template": "plain", "seq_len": 40, "valid_fraction": 0.2, "cache_dir": "$tmp/cache"},
+ "train_batch_size": 12, "gradient_accumulation_steps": 2, "train_steps": 6,
+ "gradient_clipping": 0.5, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+ "zero_optimization": {"stage": 3}}
+JSON
+fail() { echo "FAIL: $*"; exit 1; }
+"$@" -np 3 "$loom" verify "$tmp/cfg.json" > "$tmp/equal.log" 2>&1
+rc=$?
+cat "$tmp/equal.log"
+[ $rc -eq 0 ] || fail "verify exited $rc on an equal run"
+grep -q '^EQUAL: ' "$tmp/equal.log" || fail "no EQUAL verdict"
+grep -q '^final parameters: ' "$tmp/equal.log" || fail "no parameter comparison"
+
+"$@" -np 3 "$loom" verify "$tmp/cfg.json" --rtol 0 > "$tmp/strict.log" 2>&1
+rc=$?
+tail -2 "$tmp/strict.log"
+[ $rc -ne 0 ] || fail "verify --rtol 0 exited 0"
+grep -q '^DIFFERENT: ' "$tmp/strict.log" || fail "no DIFFERENT verdict with --rtol 0"
+
+"$loom" verify "$tmp/cfg.json" > "$tmp/one.log" 2>&1
+rc=$?
+cat "$tmp/one.log"
+[ $rc -ne 0 ] || fail "verify on one process exited 0"
+grep -q 'loom launch -n 2 -- verify' "$tmp/one.log" || fail "no hint how to run verify"
+echo PASS
