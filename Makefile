@@ -77,6 +77,7 @@ check-demo-checkpoint: build
 	  $$(bash scripts/fetch_default_model.sh) --loom $(BUILD)/loom
 	$(BUILD)/loom export --model $(DEMO_OUT) --merge --out $(DEMO_OUT)-merged
 	$(REF_VENV)/bin/python scripts/check_hf_checkpoint.py $(DEMO_OUT)-merged --loom $(BUILD)/loom --tol 1e-3
+	$(REF_VENV)/bin/python scripts/check_hf_tokenizer.py $(DEMO_OUT)-merged --gguf $$(bash scripts/fetch_default_model.sh)
 
 # libFuzzer + ASan/UBSan on every parser in fuzz/ (clang), FUZZ_SECONDS each (default 600),
 # seeded from tiny valid files (fuzz/make_seeds.py). Findings land in $(FUZZ_BUILD)/findings

@@ -12,7 +12,10 @@ The script:
      writes `input_ids` I64 [1,T] and `logits` F32 [1,T,V];
   3. runs the same ids through the transformers model and compares the logits.
 The ids are the UTF-8 bytes of a fixed English sentence (the demo model has a
-byte-level vocabulary of 256), truncated to the model's n_positions.
+byte-level vocabulary of 256), truncated to the model's n_positions. When DIR holds a
+tokenizer.json (Loom writes one for a model that came from a GGUF file, from its tokenizer
+metadata), the sentence is encoded by AutoTokenizer.from_pretrained(DIR) instead (no BOS),
+Loom gets the text (`--text`) and must tokenize it to the same ids.
 
 Prints one result line and exits 0 when max |logits_loom - logits_hf| <= --tol,
 1 on any mismatch, load problem or Loom failure.
@@ -46,11 +49,15 @@ def fail(msg):
     sys.exit(1)
 
 
-def make_ids(config):
-    """UTF-8 bytes of SENTENCE, truncated to the model's positions (and kept < vocab_size)."""
+def make_ids(config, model_dir):
+    """SENTENCE through DIR's tokenizer, else its UTF-8 bytes truncated to the model's
+    positions (and kept < vocab_size). Returns (ids, text Loom should encode or None)."""
+    if os.path.isfile(os.path.join(model_dir, "tokenizer.json")):
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(model_dir).encode(SENTENCE, add_special_tokens=False), SENTENCE
     n_pos = int(config.get("n_positions", config.get("max_position_embeddings", 1024)))
     vocab = int(config["vocab_size"])
-    return [b % vocab for b in SENTENCE.encode("utf-8")][:n_pos]
+    return [b % vocab for b in SENTENCE.encode("utf-8")][:n_pos], None
 
 
 def load_hf(model_dir):
@@ -78,9 +85,10 @@ def load_hf(model_dir):
     return model
 
 
-def run_loom(loom, model_dir, ids, tmpdir):
+def run_loom(loom, model_dir, ids, text, tmpdir):
     out = os.path.join(tmpdir, "loom_forward.safetensors")
-    cmd = [loom, "forward", "--model", model_dir, "--ids", ",".join(map(str, ids)), "--out", out]
+    given = ["--text", text] if text is not None else ["--ids", ",".join(map(str, ids))]
+    cmd = [loom, "forward", "--model", model_dir, *given, "--out", out]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
     except OSError as e:
@@ -107,7 +115,7 @@ def main():
         fail(f"{args.dir}: needs config.json and model.safetensors")
     with open(cfg_path) as f:
         config = json.load(f)
-    ids = make_ids(config)
+    ids, text = make_ids(config, args.dir)
 
     model = load_hf(args.dir)
     with torch.no_grad():
@@ -121,14 +129,15 @@ def main():
         sys.exit(0 if ok else 1)
 
     with tempfile.TemporaryDirectory(prefix="loom_check_") as tmp:
-        out = run_loom(args.loom, args.dir, ids, tmp)
+        out = run_loom(args.loom, args.dir, ids, text, tmp)
 
     for name in ("input_ids", "logits"):
         if name not in out:
             fail(f"loom forward output lacks `{name}` (has {sorted(out)})")
     loom_ids, loom_logits = out["input_ids"], out["logits"]
     if loom_ids.dtype != torch.int64 or loom_ids.tolist() != [ids]:
-        fail(f"loom input_ids {loom_ids.dtype} {list(loom_ids.shape)} differ from the ids passed")
+        source = "transformers' ids" if text else "the ids passed"
+        fail(f"loom input_ids {loom_ids.dtype} {loom_ids.tolist()} differ from {source} {ids}")
     if loom_logits.dtype != torch.float32 or loom_logits.shape != hf_logits.shape:
         fail(f"loom logits {loom_logits.dtype} {list(loom_logits.shape)}, "
              f"transformers gives float32 {list(hf_logits.shape)}")
@@ -140,7 +149,8 @@ def main():
     where = list(torch.unravel_index(diff.argmax(), diff.shape))
     argmax_agree = (loom_logits.argmax(-1) == hf_logits.argmax(-1)).float().mean().item()
     status = "OK" if err <= args.tol else "FAIL"
-    print(f"check_hf_checkpoint: {status} {args.dir} T={len(ids)} V={hf_logits.shape[-1]} "
+    print(f"check_hf_checkpoint: {status} {args.dir} T={len(ids)}"
+          f"{' (ids from its tokenizer.json, Loom equal)' if text else ''} V={hf_logits.shape[-1]} "
           f"max_abs_err={err:.3e} (at {[int(i) for i in where]}) tol={args.tol:g} "
           f"argmax_agree={argmax_agree:.3f}")
     sys.exit(0 if status == "OK" else 1)

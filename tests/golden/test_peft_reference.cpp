@@ -3,12 +3,10 @@
 // (scripts/check_peft_adapter.py). Needs the reference environment (torch, transformers,
 // peft: scripts/ref_venv.sh); skipped where it is absent, as in CI.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
-#include <cstdlib>
+#include <fstream>
 
+#include "common/ref_python.h"
 #include "common/test_util.h"
 #include "loom/io/peft_adapter.h"
 #include "loom/train/trainer.h"
@@ -17,21 +15,7 @@ namespace loom {
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path ref_python() {
-  if (const char* p = std::getenv("LOOM_REF_PYTHON")) return p;
-  const char* home = std::getenv("HOME");
-  return fs::path(home ? home : "/root") / ".cache/loom/ref-venv/bin/python";
-}
-
-std::pair<int, std::string> run(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using test::ref_python;
 
 // Trains a few steps of `peft` on a tiny base (bytes of a short text) and checks the folder.
 void train_and_check(const std::string& base, const nlohmann::json& peft) {
@@ -56,10 +40,10 @@ void train_and_check(const std::string& base, const nlohmann::json& peft) {
   t.run();
   const fs::path ck = tmp.path / "out" / "checkpoint-final";
   ASSERT_TRUE(io::is_adapter_folder(ck));
-  auto [code, out] =
-      run(ref_python().string() + " " +
-          (test::source_dir() / "scripts" / "check_peft_adapter.py").string() + " " + ck.string() +
-          " " + base_dir.string() + " --loom " + test::loom_binary() + " --len 12");
+  auto [code, out] = test::run_command(
+      ref_python().string() + " " +
+      (test::source_dir() / "scripts" / "check_peft_adapter.py").string() + " " + ck.string() +
+      " " + base_dir.string() + " --loom " + test::loom_binary() + " --len 12");
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("check_peft_adapter: OK"), std::string::npos) << out;
 }

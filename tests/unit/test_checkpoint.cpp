@@ -74,6 +74,21 @@ TEST(Checkpoint, SavingOverAnExistingFolderReplacesIt) {
   EXPECT_TRUE(fs::exists(dir / "model.safetensors"));
 }
 
+// The tokenizer files go into the same temporary folder: when they cannot be written (here
+// an unreadable GGUF source), no checkpoint appears at all.
+TEST(Checkpoint, TokenizerFailureLeavesNoFolder) {
+  test::TempDir tmp;
+  std::ofstream(tmp.path / "bad.gguf") << "not a gguf file";
+  models::GPT2 a(tiny());
+  const fs::path dir = tmp.path / "ck";
+  EXPECT_NE(test::error_of([&] {
+              io::save_hf_checkpoint(a, dir, tmp.path / "bad.gguf");
+            }).find("bad.gguf"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(dir));
+  EXPECT_FALSE(fs::exists(dir.string() + ".tmp-" + std::to_string(::getpid())));
+}
+
 TEST(Checkpoint, LoadsTransformersSavePretrainedFolder) {
   // The golden fixture was written by GPT2LMHeadModel.save_pretrained.
   auto m = io::load_hf_model(test::fixture_dir() / "gpt2_tiny");

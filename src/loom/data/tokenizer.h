@@ -49,6 +49,9 @@ namespace loom::data {
 enum class PreTokenizer { GPT2, LLAMA3, QWEN2, SMOLLM };
 
 const char* pretokenizer_name(PreTokenizer p);  // "gpt2", "llama3", "qwen2", "smollm"
+// The kind's regex, as HF writes it: Split's pattern (LLAMA3, QWEN2) or the one ByteLevel's
+// use_regex applies (GPT2, SMOLLM).
+const char* pretokenizer_regex(PreTokenizer p);
 // GGUF tokenizer.ggml.pre -> kind; throws loom::Error naming an unknown value.
 PreTokenizer pretokenizer_from_gguf_name(const std::string& name);
 

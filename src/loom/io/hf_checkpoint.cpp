@@ -9,7 +9,9 @@
 #include <sstream>
 #include <vector>
 
+#include "loom/io/hf_tokenizer_writer.h"
 #include "loom/io/safetensors.h"
+#include "loom/io/tokenizer_loader.h"
 #include "loom/models/registry.h"
 #include "loom/util/error.h"
 
@@ -97,22 +99,35 @@ void write_folder_atomically(const fs::path& dir,
   }
 }
 
-void write_json_file(const fs::path& path, const nlohmann::json& j) {
+namespace {
+
+template <class Json>
+void write_json(const fs::path& path, const Json& j) {
+  std::string text;
+  try {
+    text = j.dump(2) + "\n";
+  } catch (const nlohmann::json::exception& e) {  // type_error 316: invalid UTF-8
+    throw Error(path.string() + ": cannot write JSON: " + e.what());
+  }
   std::ofstream out(path);
-  out << j.dump(2) << "\n";
+  out << text;
   LOOM_CHECK(out.good(), path.string() + ": write failed");
 }
 
+}  // namespace
+
+void write_json_file(const fs::path& path, const nlohmann::json& j) { write_json(path, j); }
+void write_json_file(const fs::path& path, const nlohmann::ordered_json& j) { write_json(path, j); }
+
 void write_tokenizer_files(const fs::path& dir, const fs::path& tokenizer_from) {
   if (tokenizer_from.empty()) return;
-  if (fs::is_directory(tokenizer_from)) {
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                          "tokenizer_source.json"})
-      if (fs::exists(tokenizer_from / f)) fs::copy_file(tokenizer_from / f, dir / f);
-  } else {
-    write_json_file(dir / "tokenizer_source.json",
-                    nlohmann::json{{"gguf", fs::absolute(tokenizer_from).string()}});
+  if (const fs::path gguf = gguf_tokenizer_source(tokenizer_from); !gguf.empty()) {
+    const GgufTokenizer t = read_gguf_tokenizer(gguf);
+    write_hf_tokenizer(dir, t.spec, t.chat_template);
+    return;
   }
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+    if (fs::exists(tokenizer_from / f)) fs::copy_file(tokenizer_from / f, dir / f);
 }
 
 void save_hf_checkpoint(models::CausalLM& model, const fs::path& dir,

@@ -19,22 +19,25 @@ namespace loom::io {
 
 std::unique_ptr<models::CausalLM> load_hf_model(const std::filesystem::path& dir);
 void load_hf_weights(models::CausalLM& model, const std::filesystem::path& file_or_dir);
-// tokenizer_from: the model the weights came from; its tokenizer.json and
-// tokenizer_config.json are copied in (an HF folder), or, for a GGUF file whose tokenizer
-// lives in its metadata, tokenizer_source.json names that file for load_tokenizer.
+// tokenizer_from: the model the weights came from; its tokenizer files go in beside the
+// weights (write_tokenizer_files).
 void save_hf_checkpoint(models::CausalLM& model, const std::filesystem::path& dir,
                         const std::filesystem::path& tokenizer_from = {});
 
 // Reads and parses a JSON file; errors name the file and the line of a syntax error.
 nlohmann::json read_json_file(const std::filesystem::path& path);
+// Writes j indented; a string that is not valid UTF-8 is an error naming the file.
 void write_json_file(const std::filesystem::path& path, const nlohmann::json& j);
+void write_json_file(const std::filesystem::path& path, const nlohmann::ordered_json& j);
 
 // Output folders appear whole or not at all: fill() writes into a temporary folder beside
 // `dir`, which then replaces `dir`; on an exception the temporary folder is removed.
 void write_folder_atomically(const std::filesystem::path& dir,
                              const std::function<void(const std::filesystem::path&)>& fill);
-// Copies tokenizer.json and friends from an HF folder, or for a GGUF file writes
-// tokenizer_source.json naming it (load_tokenizer follows that). Nothing for an empty path.
+// Copies tokenizer.json, tokenizer_config.json and special_tokens_map.json from an HF folder;
+// for a GGUF file (or an older folder whose tokenizer_source.json names one) writes them from
+// its tokenizer metadata (write_hf_tokenizer), so the folder needs no other file to load.
+// Nothing for an empty path.
 void write_tokenizer_files(const std::filesystem::path& dir,
                            const std::filesystem::path& tokenizer_from);
 

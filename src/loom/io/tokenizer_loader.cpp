@@ -10,9 +10,7 @@ namespace loom::io {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-ModelTokenizer from_gguf(const fs::path& file) {
+GgufTokenizer read_gguf_tokenizer(const fs::path& file) {
   GgufFile f = GgufFile::open(file);
   const std::string model = f.get_string_or("tokenizer.ggml.model", "");
   LOOM_CHECK(model == "gpt2", file.string() + ": tokenizer.ggml.model '" + model +
@@ -30,22 +28,28 @@ ModelTokenizer from_gguf(const fs::path& file) {
   s.pad_id = id("tokenizer.ggml.padding_token_id");
   s.add_bos = f.get_bool_or("tokenizer.ggml.add_bos_token", false);
   s.source = file.string();
-  return {data::Tokenizer::from_vocab(s), f.get_string_or("tokenizer.chat_template", "")};
+  return {std::move(s), f.get_string_or("tokenizer.chat_template", "")};
 }
 
-}  // namespace
+fs::path gguf_tokenizer_source(const fs::path& path) {
+  const fs::path p = expand_user(path);
+  if (is_gguf(p)) return p;
+  const fs::path src = p / "tokenizer_source.json";
+  if (fs::exists(p / "tokenizer.json") || !fs::exists(src)) return {};
+  // A checkpoint fine-tuned from a GGUF file before folders carried tokenizer.json.
+  nlohmann::json j = read_json_file(src);
+  LOOM_CHECK(j.is_object() && j.contains("gguf") && j["gguf"].is_string(),
+             src.string() + ": expected {\"gguf\": path}");
+  return j["gguf"].get<std::string>();
+}
 
 ModelTokenizer load_tokenizer(const fs::path& path) {
-  const fs::path p = expand_user(path);
-  if (is_gguf(p)) return from_gguf(p);
-  const fs::path tj = p / "tokenizer.json";
-  if (!fs::exists(tj) && fs::exists(p / "tokenizer_source.json")) {
-    // A checkpoint fine-tuned from a GGUF file: the tokenizer is that file's.
-    nlohmann::json j = read_json_file(p / "tokenizer_source.json");
-    LOOM_CHECK(j.contains("gguf") && j["gguf"].is_string(),
-               (p / "tokenizer_source.json").string() + ": expected {\"gguf\": path}");
-    return from_gguf(j["gguf"].get<std::string>());
+  if (const fs::path g = gguf_tokenizer_source(path); !g.empty()) {
+    GgufTokenizer t = read_gguf_tokenizer(g);
+    return {data::Tokenizer::from_vocab(t.spec), std::move(t.chat_template)};
   }
+  const fs::path p = expand_user(path);
+  const fs::path tj = p / "tokenizer.json";
   LOOM_CHECK(fs::exists(tj), p.string() +
                                  ": no tokenizer.json (use data.tokenizer \"bytes\" "
                                  "for a byte-level model)");
