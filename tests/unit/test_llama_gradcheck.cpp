@@ -104,7 +104,8 @@ TEST(LlamaGrad, GqaAttentionWithRopeAndBias) {
     test::fill_normal(p->value, seed++, 0.4f);
     t.push_back({p->name, p->value, p->grad});
   }
-  test::gradcheck([&] { return attn.forward(x, c, s); },
+  const nn::Positions where{nullptr, c, s};
+  test::gradcheck([&] { return attn.forward(x, where); },
                   [&](const Tensor& dy) {
                     dx.zero_();
                     attn.backward(dy, dx, scratch);

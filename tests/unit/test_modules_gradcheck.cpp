@@ -5,11 +5,11 @@
 #include "common/test_util.h"
 #include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/models/gpt2.h"
-#include "loom/nn/attention.h"
 #include "loom/nn/embedding.h"
+#include "loom/nn/fused_qkv_attention.h"
+#include "loom/nn/gelu_mlp.h"
 #include "loom/nn/layernorm.h"
 #include "loom/nn/linear.h"
-#include "loom/nn/mlp.h"
 
 namespace loom {
 namespace {
@@ -97,7 +97,7 @@ TEST(ModuleGrad, FusedQKVAttention) {
   Tensor x = Tensor::zeros({2, 5, 8}), dx = Tensor::zeros({2, 5, 8});
   test::fill_normal(x, 4);
   auto t = targets_of(ps, x, dx);
-  test::gradcheck([&] { return attn.forward(x); },
+  test::gradcheck([&] { return attn.forward(x, nn::Positions{}); },
                   [&](const Tensor& dy) {
                     dx.zero_();
                     attn.backward(dy, dx, scratch);
@@ -127,16 +127,16 @@ TEST(ModuleGrad, GPT2Block) {
   c.n_head = 2;
   c.n_layer = 1;
   nn::ParamStore ps;
-  models::GPT2Block blk(ps, "h.0", c);
+  auto blk = models::gpt2_block(ps, "h.0", c);
   ps.materialize();
   nn::Scratch scratch;
   Tensor x = Tensor::zeros({2, 4, 8}), dx = Tensor::zeros({2, 4, 8});
   test::fill_normal(x, 6);
   auto t = targets_of(ps, x, dx);
-  test::gradcheck([&] { return blk.forward(x, nullptr); },
+  test::gradcheck([&] { return blk->forward(x, nn::Positions{}); },
                   [&](const Tensor& dy) {
                     dx.zero_();
-                    blk.backward(dy, dx, scratch);
+                    blk->backward(dy, dx, scratch);
                   },
                   t);
 }

@@ -10,14 +10,7 @@
 #include <vector>
 
 #include "loom/kernels/cpu/rope.h"
-#include "loom/models/causal_lm.h"
-#include "loom/nn/buffers.h"
-#include "loom/nn/embedding.h"
-#include "loom/nn/gqa_attention.h"
-#include "loom/nn/linear.h"
-#include "loom/nn/prenorm_block.h"
-#include "loom/nn/rmsnorm.h"
-#include "loom/nn/swiglu_mlp.h"
+#include "loom/models/decoder.h"
 
 namespace loom::models {
 
@@ -41,55 +34,22 @@ struct LlamaConfig {
   int64_t dim_head() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
 };
 
-class LlamaBlock : public nn::PreNormBlock<nn::RMSNorm, nn::GqaAttention, nn::SwiGluMLP> {
- public:
-  LlamaBlock(nn::ParamStore& ps, const std::string& name, const LlamaConfig& c);
-  const Tensor& forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const int32_t* pos) {
-    return finish(x, attn().forward(norm1().forward(x), cos, sin, pos));
-  }
-  const Tensor& forward_cached(const Tensor& x, const Tensor& cos, const Tensor& sin,
-                               const Tensor& kc, const Tensor& vc, int64_t past) {
-    return finish(x, attn().forward_cached(norm1().forward(x), cos, sin, kc, vc, past));
-  }
-};
+// Layer `name` (e.g. "model.layers.3") with its parameters declared in ps.
+std::unique_ptr<nn::DecoderBlock> llama_block(nn::ParamStore& ps, const std::string& name,
+                                              const LlamaConfig& c);
 
-class Llama : public CausalLM {
+class Llama : public Decoder {
  public:
   explicit Llama(const LlamaConfig& c);
-  nn::ParamStore& params() override { return ps_; }
-  const Tensor& forward(const Tensor& ids, const Tensor& pos = Tensor()) override;
-  double backward(const Tensor& targets, float grad_scale) override;
-  KVCache new_cache() override;
-  const Tensor& forward_cached(const Tensor& ids, KVCache& cache) override;
-  int64_t vocab_size() const override { return cfg_.vocab_size; }
-  int64_t max_positions() const override { return cfg_.max_position_embeddings; }
   std::string arch() const override { return cfg_.model_type; }
   nlohmann::json hf_config() const override { return cfg_.to_hf(); }
   bool hf_transposed(const nn::Parameter&) const override { return false; }
   bool hf_ignorable(const std::string& name) const override;
-  std::vector<nn::Linear*> linears() override;
-  void add_bottleneck_adapters(const nn::AdapterSpec& spec) override;
-  void add_kv_prefix(const nn::PrefixSpec& spec) override;
-  int64_t kv_heads() const override { return cfg_.num_key_value_heads; }
-  int num_layers() const override { return static_cast<int>(cfg_.num_hidden_layers); }
   int64_t activation_bytes(int64_t B, int64_t T) const override;
-  int unit_of(const std::string& param_name) const override;
   const LlamaConfig& config() const { return cfg_; }
 
  private:
-  nn::Parameter* head_weight() const;
-  void set_rope(const Tensor& pos);  // cos_/sin_ for positions pos + prefix length
-
   LlamaConfig cfg_;
-  nn::ParamStore ps_;
-  nn::Embedding embed_;
-  std::vector<std::unique_ptr<LlamaBlock>> layers_;
-  std::unique_ptr<nn::RMSNorm> norm_;
-  nn::Parameter* lm_head_ = nullptr;  // null when tied to embed_tokens
-  std::vector<float> inv_freq_;
-  nn::Scratch scratch_;
-  Tensor ids_, pos_, cos_, sin_, x0_, logits_;
-  bool pos_is_custom_ = false;
 };
 
 }  // namespace loom::models

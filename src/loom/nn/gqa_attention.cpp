@@ -21,8 +21,9 @@ GqaAttention::GqaAttention(ParamStore& ps, const std::string& name, const GqaDim
   LOOM_CHECK(d.head_dim % 2 == 0, name + ": head_dim must be even for rotary embeddings");
 }
 
-const Tensor& GqaAttention::forward(const Tensor& x, const Tensor& rope_cos, const Tensor& rope_sin,
-                                    const int32_t* pos) {
+const Tensor& GqaAttention::forward(const Tensor& x, const Positions& p) {
+  const Tensor &rope_cos = p.rope_cos, &rope_sin = p.rope_sin;
+  const int32_t* pos = p.packed;
   const int64_t B = x.dim(0), T = x.dim(1), D = d_.head_dim, NH = d_.n_head, NKV = d_.n_kv_head;
   // The projections' outputs are rotated in place: the rotated q, k are what attention and
   // its backward need, and the un-rotated values are never used again.
@@ -42,9 +43,9 @@ const Tensor& GqaAttention::forward(const Tensor& x, const Tensor& rope_cos, con
   return o_.forward(ctx_);
 }
 
-const Tensor& GqaAttention::forward_cached(const Tensor& x, const Tensor& rope_cos,
-                                           const Tensor& rope_sin, const Tensor& kc,
+const Tensor& GqaAttention::forward_cached(const Tensor& x, const Positions& p, const Tensor& kc,
                                            const Tensor& vc, int64_t past) {
+  const Tensor &rope_cos = p.rope_cos, &rope_sin = p.rope_sin;
   const int64_t n = x.dim(1), D = d_.head_dim, NH = d_.n_head, NKV = d_.n_kv_head;
   const Tensor& q = q_.forward(x);
   const Tensor& k = k_.forward(x);

@@ -1,7 +1,7 @@
 // Llama-family self-attention: separate q/k/v projections (optional bias, as Qwen2),
 // grouped K/V heads (NKV divides NH), rotary embedding on q and k, causal softmax,
 // output projection o_proj. Names follow transformers: <name>.q_proj, k_proj, v_proj, o_proj.
-//   forward : x [B, T, C], rope cos/sin [B*T, D/2] -> y [B, T, C]
+//   forward : x [B, T, C], Positions (rope cos/sin [B*T, D/2], packed ids) -> y [B, T, C]
 //             (saves rotated q [B,T,NH*D], k, v [B,T,NKV*D], att [B,NH,T,T], ctx)
 //   backward: dy -> dx += ...   (scratch: dctx, dq, dk, dv)
 #pragma once
@@ -9,9 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/nn/buffers.h"
-#include "loom/nn/kv_prefix.h"
-#include "loom/nn/linear.h"
+#include "loom/nn/decoder_block.h"
 
 namespace loom::nn {
 
@@ -23,14 +21,12 @@ struct GqaDims {
 class GqaAttention {
  public:
   GqaAttention(ParamStore& ps, const std::string& name, const GqaDims& d, float init_std);
-  // pos: position ids of packed rows (restricts attention to each sample), or nullptr.
-  const Tensor& forward(const Tensor& x, const Tensor& rope_cos, const Tensor& rope_sin,
-                        const int32_t* pos = nullptr);
+  const Tensor& forward(const Tensor& x, const Positions& p);
   void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
   // Inference, batch 1: x [1, n, C] at positions past.., rope tables [n, D/2]; appends the
   // rotated keys and the values to kc/vc [capacity, NKV*D] at rows past..past+n-1.
-  const Tensor& forward_cached(const Tensor& x, const Tensor& rope_cos, const Tensor& rope_sin,
-                               const Tensor& kc, const Tensor& vc, int64_t past);
+  const Tensor& forward_cached(const Tensor& x, const Positions& p, const Tensor& kc,
+                               const Tensor& vc, int64_t past);
   std::vector<Linear*> linears() { return {&q_, &k_, &v_, &o_}; }
   // Prefix tuning: attend to `prefix`'s keys and values for `layer` as well.
   void attach_prefix(KVPrefix* prefix, int64_t layer) {

@@ -5,16 +5,17 @@
 
 #include <string>
 
+#include "loom/nn/norm.h"
 #include "loom/nn/parameter.h"
 
 namespace loom::nn {
 
-class LayerNorm {
+class LayerNorm final : public Norm {
  public:
   LayerNorm(ParamStore& ps, const std::string& name, int64_t C, float eps);
-  const Tensor& forward(const Tensor& x);
-  void backward(const Tensor& dy, const Tensor& dx);
-  const Tensor& output() const { return y_; }
+  const Tensor& forward(const Tensor& x) override;
+  void backward(const Tensor& dy, const Tensor& dx) override;
+  const Tensor& output() const override { return y_; }
 
  private:
   Parameter *w_, *b_;

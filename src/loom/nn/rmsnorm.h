@@ -5,16 +5,17 @@
 
 #include <string>
 
+#include "loom/nn/norm.h"
 #include "loom/nn/parameter.h"
 
 namespace loom::nn {
 
-class RMSNorm {
+class RMSNorm final : public Norm {
  public:
   RMSNorm(ParamStore& ps, const std::string& name, int64_t C, float eps);
-  const Tensor& forward(const Tensor& x);
-  void backward(const Tensor& dy, const Tensor& dx);
-  const Tensor& output() const { return y_; }
+  const Tensor& forward(const Tensor& x) override;
+  void backward(const Tensor& dy, const Tensor& dx) override;
+  const Tensor& output() const override { return y_; }
   Parameter* weight() const { return w_; }
 
  private:

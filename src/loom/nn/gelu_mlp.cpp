@@ -1,4 +1,4 @@
-#include "loom/nn/mlp.h"
+#include "loom/nn/gelu_mlp.h"
 
 #include "loom/kernels/cpu/activations.h"
 

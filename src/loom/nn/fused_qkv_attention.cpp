@@ -1,4 +1,4 @@
-#include "loom/nn/attention.h"
+#include "loom/nn/fused_qkv_attention.h"
 
 #include <cstring>
 
@@ -18,8 +18,9 @@ FusedQKVAttention::FusedQKVAttention(ParamStore& ps, const std::string& name, in
                                   " is not divisible by n_head " + std::to_string(n_head));
 }
 
-const Tensor& FusedQKVAttention::forward(const Tensor& x, const int32_t* pos) {
+const Tensor& FusedQKVAttention::forward(const Tensor& x, const Positions& p) {
   const int64_t B = x.dim(0), T = x.dim(1);
+  const int32_t* pos = p.packed;
   const Tensor& qkv = c_attn_.forward(x);  // [B, T, 3C]
   const float* q = qkv.f32();
   kernels::AttnDims d{B, T, NH_, NH_, C_ / NH_, 3 * C_, 3 * C_, pos};
@@ -31,8 +32,8 @@ const Tensor& FusedQKVAttention::forward(const Tensor& x, const int32_t* pos) {
   return c_proj_.forward(ctx_);
 }
 
-const Tensor& FusedQKVAttention::forward_cached(const Tensor& x, const Tensor& kc, const Tensor& vc,
-                                                int64_t past) {
+const Tensor& FusedQKVAttention::forward_cached(const Tensor& x, const Positions&, const Tensor& kc,
+                                                const Tensor& vc, int64_t past) {
   const int64_t n = x.dim(1);
   const float* qkv = c_attn_.forward(x).f32();  // [1, n, 3C]
   for (int64_t i = 0; i < n; ++i) {

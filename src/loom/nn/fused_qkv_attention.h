@@ -1,15 +1,14 @@
 // GPT-2 causal self-attention: one fused projection to q,k,v (c_attn [3C, C]), causal
 // softmax attention over NH heads, output projection (c_proj [C, C]).
 //   forward : x [B, T, C] -> y [B, T, C]   (saves qkv [B,T,3C], att [B,NH,T,T], ctx [B,T,C])
+//             (Positions: only the packed-row ids; GPT-2's positions are learned embeddings)
 //   backward: dy -> dx += ...              (scratch: dctx [B,T,C], dqkv [B,T,3C])
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "loom/nn/buffers.h"
-#include "loom/nn/kv_prefix.h"
-#include "loom/nn/linear.h"
+#include "loom/nn/decoder_block.h"
 
 namespace loom::nn {
 
@@ -17,10 +16,11 @@ class FusedQKVAttention {
  public:
   FusedQKVAttention(ParamStore& ps, const std::string& name, int64_t C, int64_t n_head,
                     float init_std, float proj_init_std);
-  const Tensor& forward(const Tensor& x, const int32_t* pos = nullptr);  // pos: packed rows
+  const Tensor& forward(const Tensor& x, const Positions& p);
   void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
   // Inference, batch 1: x [1, n, C] at positions past..; appends k, v to kc/vc [capacity, C].
-  const Tensor& forward_cached(const Tensor& x, const Tensor& kc, const Tensor& vc, int64_t past);
+  const Tensor& forward_cached(const Tensor& x, const Positions& p, const Tensor& kc,
+                               const Tensor& vc, int64_t past);
   std::vector<Linear*> linears() { return {&c_attn_, &c_proj_}; }
   // Prefix tuning: attend to `prefix`'s keys and values for `layer` as well.
   void attach_prefix(KVPrefix* prefix, int64_t layer) {

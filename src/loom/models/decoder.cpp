@@ -1,0 +1,198 @@
+#include "loom/models/decoder.h"
+
+#include <optional>
+
+#include "loom/kernels/cpu/rope.h"
+#include "loom/util/error.h"
+
+namespace loom::models {
+
+Decoder::Decoder(DecoderSpec spec)
+    : spec_(std::move(spec)),
+      tok_embed_(ps_, spec_.tok_embed, spec_.vocab, spec_.hidden, spec_.init_std) {
+  if (!spec_.pos_embed.empty())
+    pos_embed_ = std::make_unique<nn::Embedding>(ps_, spec_.pos_embed, spec_.max_positions,
+                                                 spec_.hidden, spec_.init_std);
+  for (int64_t l = 0; l < spec_.layers; ++l)
+    blocks_.push_back(spec_.make_block(ps_, spec_.block_prefix + std::to_string(l)));
+  final_norm_ = spec_.make_norm(ps_, spec_.final_norm);
+  nn::Parameter* w = spec_.tied_head
+                         ? tok_embed_.weight()
+                         : ps_.add(spec_.lm_head + ".weight", {spec_.vocab, spec_.hidden},
+                                   nn::ParamKind::Weight, spec_.init_std);
+  head_ = std::make_unique<nn::LMHead>(w);
+  ps_.materialize();
+}
+
+std::vector<nn::Linear*> Decoder::linears() {
+  std::vector<nn::Linear*> out;
+  for (auto& b : blocks_) b->linears(out);
+  return out;
+}
+
+void Decoder::add_bottleneck_adapters(const nn::AdapterSpec& spec) {
+  for (size_t l = 0; l < blocks_.size(); ++l)
+    blocks_[l]->add_adapters(ps_, spec_.block_prefix + std::to_string(l), spec_.hidden, spec);
+}
+
+void Decoder::add_kv_prefix(const nn::PrefixSpec& spec) {
+  prefix_ = std::make_unique<nn::KVPrefix>(ps_, spec, spec_.layers, spec_.kv_width);
+  for (size_t l = 0; l < blocks_.size(); ++l)
+    blocks_[l]->attach_prefix(prefix_.get(), static_cast<int64_t>(l));
+  pos_ = Tensor();  // positions now start at P
+}
+
+int Decoder::unit_of(const std::string& n) const {
+  if (int u = block_unit(n, spec_.block_prefix); u >= 0) return u;
+  if (n.starts_with("prefix_encoder.")) return prefix_unit();
+  const bool emb =
+      n.starts_with(spec_.tok_embed + ".") || (pos_embed_ && n.starts_with(spec_.pos_embed + "."));
+  return emb ? 0 : head_unit();  // the final norm and an untied head
+}
+
+void Decoder::embed(const int32_t* ids, const int32_t* abs_pos, int64_t N, Tensor& x) {
+  tok_embed_.forward(ids, N, x, /*accumulate=*/false);
+  if (pos_embed_) pos_embed_->forward(abs_pos, N, x, /*accumulate=*/true);
+}
+
+void Decoder::rope_tables(const int32_t* pos, int64_t n, Tensor& cos, Tensor& sin) const {
+  if (spec_.rope_inv_freq.empty()) {
+    cos = sin = Tensor();
+    return;
+  }
+  const int64_t half = static_cast<int64_t>(spec_.rope_inv_freq.size());
+  cos = Tensor::zeros({n, half});  // new tensors: attention keeps the last forward's tables
+  sin = Tensor::zeros({n, half});
+  kernels::rope_tables(cos.f32(), sin.f32(), pos, n, spec_.rope_inv_freq);
+}
+
+void Decoder::set_positions() {
+  const int64_t n = pos_.numel();
+  const auto P = static_cast<int32_t>(prefix_length());
+  abs_pos_ = Tensor::zeros(pos_.shape(), DType::I32);
+  for (int64_t i = 0; i < n; ++i) abs_pos_.i32()[i] = pos_.i32()[i] + P;
+  rope_tables(abs_pos_.i32(), n, where_.rope_cos, where_.rope_sin);
+}
+
+const Tensor& Decoder::forward(const Tensor& ids, const Tensor& pos) {
+  LOOM_CHECK(ids.ndim() == 2, arch() + ": ids must be [B, T], got " + shape_str(ids.shape()));
+  const int64_t B = ids.dim(0), T = ids.dim(1), P = prefix_length();
+  LOOM_CHECK(P + T <= spec_.max_positions,
+             "sequence length " + std::to_string(T) +
+                 (P ? " after a prefix of " + std::to_string(P) : std::string()) +
+                 " exceeds the model's " + spec_.max_positions_key + " " +
+                 std::to_string(spec_.max_positions));
+  ids_ = ids;
+  std::optional<UnitScope> pre;  // every layer reads the prefix table
+  if (prefix_) {
+    pre.emplace(hooks_, prefix_unit());
+    prefix_->forward();
+  }
+  // Position ids and the tables derived from them, recomputed only when they change.
+  const bool packed = pos.defined();
+  if (packed) {
+    LOOM_CHECK(pos.shape() == ids.shape(), "position ids " + shape_str(pos.shape()) +
+                                               " do not match ids " + shape_str(ids.shape()));
+    pos_ = pos;
+    set_positions();
+  } else if (!pos_.defined() || pos_.shape() != ids.shape() || pos_is_custom_) {
+    pos_ = Tensor::zeros({B, T}, DType::I32);
+    for (int64_t i = 0; i < B * T; ++i) pos_.i32()[i] = static_cast<int32_t>(i % T);
+    set_positions();
+  }
+  pos_is_custom_ = packed;
+  where_.packed = packed ? pos_.i32() : nullptr;
+
+  nn::ensure(x0_, {B, T, spec_.hidden});
+  // A tied head reads the embedding again at the end: hold it for the whole forward rather
+  // than gather it twice.
+  std::optional<UnitScope> emb(std::in_place, hooks_, 0);
+  embed(ids.i32(), abs_pos_.i32(), B * T, x0_);
+  if (!spec_.tied_head) emb.reset();
+  const Tensor* x = &x0_;
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    UnitScope u(hooks_, static_cast<int>(l) + 1);
+    x = &blocks_[l]->forward(*x, where_);
+  }
+  UnitScope u(hooks_, head_unit());
+  return head_->forward(final_norm_->forward(*x));
+}
+
+double Decoder::backward(const Tensor& targets, float grad_scale) {
+  LOOM_CHECK(ids_.defined(), arch() + ": backward called before forward");
+  LOOM_CHECK(targets.shape() == ids_.shape(), "targets " + shape_str(targets.shape()) +
+                                                  " do not match ids " + shape_str(ids_.shape()));
+  const int64_t B = ids_.dim(0), T = ids_.dim(1), C = spec_.hidden;
+  std::optional<UnitScope> pre;
+  if (prefix_) pre.emplace(hooks_, prefix_unit());
+  std::optional<UnitScope> tied;  // the head's weight is the embedding: held to the end
+  if (spec_.tied_head) tied.emplace(hooks_, 0);
+  // Residual-stream gradients alternate between two buffers as we walk the blocks back.
+  const char* slots[2] = {"decoder.dres0", "decoder.dres1"};
+  int cur = 0;
+  Tensor dx = scratch_.zeros(slots[cur], {B, T, C});
+  double loss_sum;
+  {
+    UnitScope u(hooks_, head_unit());
+    Tensor dh = scratch_.zeros("decoder.dh", {B, T, C});
+    loss_sum = head_->backward(targets, grad_scale, dh);
+    final_norm_->backward(dh, dx);
+  }
+  grads_ready(head_unit());
+  for (size_t l = blocks_.size(); l-- > 0;) {
+    Tensor dprev = scratch_.zeros(slots[cur ^ 1], {B, T, C});
+    {
+      UnitScope u(hooks_, static_cast<int>(l) + 1);
+      blocks_[l]->backward(dx, dprev, scratch_);
+    }
+    grads_ready(static_cast<int>(l) + 1);
+    dx = dprev;
+    cur ^= 1;
+  }
+  {
+    UnitScope u(hooks_, 0);
+    if (pos_embed_) pos_embed_->backward(abs_pos_.i32(), B * T, dx);
+    tok_embed_.backward(ids_.i32(), B * T, dx);
+  }
+  tied.reset();
+  grads_ready(0);
+  if (prefix_) {
+    prefix_->backward(scratch_);
+    grads_ready(prefix_unit());
+  }
+  return loss_sum;
+}
+
+KVCache Decoder::new_cache() {
+  KVCache c;
+  c.capacity = spec_.max_positions;
+  for (int64_t l = 0; l < spec_.layers; ++l) {
+    c.k.push_back(Tensor::zeros({c.capacity, spec_.kv_width}));
+    c.v.push_back(Tensor::zeros({c.capacity, spec_.kv_width}));
+  }
+  prefill_prefix(c);
+  return c;
+}
+
+const Tensor& Decoder::forward_cached(const Tensor& ids, KVCache& cache) {
+  LOOM_CHECK(ids.ndim() == 2 && ids.dim(0) == 1, "forward_cached: ids must be [1, n]");
+  const int64_t n = ids.dim(1), past = cache.len;
+  LOOM_CHECK(past + n <= cache.capacity,
+             "context of " + std::to_string(past + n) + " tokens exceeds the model's " +
+                 spec_.max_positions_key + " " + std::to_string(cache.capacity));
+  std::vector<int32_t> pos(n);  // absolute: the cache holds the prefix rows first
+  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(past + i);
+  nn::Positions where;
+  rope_tables(pos.data(), n, where.rope_cos, where.rope_sin);
+  nn::ensure(x0_, {1, n, spec_.hidden});
+  embed(ids.i32(), pos.data(), n, x0_);
+  const Tensor* x = &x0_;
+  for (size_t l = 0; l < blocks_.size(); ++l)
+    x = &blocks_[l]->forward_cached(*x, where, cache.k[l], cache.v[l], past);
+  const Tensor& logits = head_->forward(final_norm_->forward(*x));
+  cache.len += n;
+  ids_ = Tensor();  // a training backward must follow a training forward
+  return logits;
+}
+
+}  // namespace loom::models

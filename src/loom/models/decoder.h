@@ -1,0 +1,86 @@
+// The decoder every architecture is: token embedding (+ learned positions) -> blocks ->
+// final norm -> LM head + loss (nn/lm_head.h). An architecture (models/gpt2.h,
+// models/llama.h) is wiring over it: its parameter names, its block (a factory), its
+// final norm, a tied or separate head, learned or rotary positions, and the Hugging Face
+// config and names it reads and writes. The forward/backward contract is CausalLM's.
+//
+// Positions: a row's tokens sit at 0..T-1 or at the packed ids given; a KV prefix of length
+// P shifts them to P.. for the learned position table and the rotary tables, as transformers
+// does, while packed-row masking uses the unshifted ids.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/models/causal_lm.h"
+#include "loom/nn/buffers.h"
+#include "loom/nn/decoder_block.h"
+#include "loom/nn/embedding.h"
+#include "loom/nn/lm_head.h"
+#include "loom/nn/norm.h"
+
+namespace loom::models {
+
+struct DecoderSpec {
+  // Hugging Face names: the token table is tok_embed + ".weight"; pos_embed (learned
+  // positions, max_positions rows) is "" for none; block l is block_prefix + l; an untied
+  // head is lm_head + ".weight".
+  std::string tok_embed, pos_embed, block_prefix, final_norm, lm_head = "lm_head";
+  int64_t vocab = 0, hidden = 0, layers = 0, max_positions = 0;
+  std::string max_positions_key;       // its config.json key, for errors
+  int64_t kv_heads = 0, kv_width = 0;  // per layer: key/value heads, their width NKV * D
+  bool tied_head = true;
+  float init_std = 0.02f;
+  std::vector<float> rope_inv_freq;  // rotary embeddings (D/2 frequencies); empty: none
+  // Builders, called in parameter-declaration order: blocks 0..layers-1, then the final norm.
+  std::function<std::unique_ptr<nn::DecoderBlock>(nn::ParamStore&, const std::string& name)>
+      make_block;
+  std::function<std::unique_ptr<nn::Norm>(nn::ParamStore&, const std::string& name)> make_norm;
+};
+
+class Decoder : public CausalLM {
+ public:
+  nn::ParamStore& params() override { return ps_; }
+  const Tensor& forward(const Tensor& ids, const Tensor& pos = Tensor()) override;
+  double backward(const Tensor& targets, float grad_scale) override;
+  KVCache new_cache() override;
+  const Tensor& forward_cached(const Tensor& ids, KVCache& cache) override;
+  int64_t vocab_size() const override { return spec_.vocab; }
+  int64_t max_positions() const override { return spec_.max_positions; }
+  std::vector<nn::Linear*> linears() override;
+  void add_bottleneck_adapters(const nn::AdapterSpec& spec) override;
+  void add_kv_prefix(const nn::PrefixSpec& spec) override;
+  int64_t kv_heads() const override { return spec_.kv_heads; }
+  int num_layers() const override { return static_cast<int>(spec_.layers); }
+  int unit_of(const std::string& param_name) const override;
+
+ protected:
+  // Declares every parameter (materialized; values zero until init or load).
+  explicit Decoder(DecoderSpec spec);
+  bool tied_head() const { return spec_.tied_head; }
+
+ private:
+  // Token rows x [N, C] (N = ids' count) = token table rows (+ position rows at abs_pos).
+  void embed(const int32_t* ids, const int32_t* abs_pos, int64_t N, Tensor& x);
+  // abs_pos_ and the rotary tables for the position ids pos_ shifted by the prefix length.
+  void set_positions();
+  // Rotary tables [n, D/2] at positions `pos` (none when the model has no rotary embedding).
+  void rope_tables(const int32_t* pos, int64_t n, Tensor& cos, Tensor& sin) const;
+
+  DecoderSpec spec_;
+  nn::ParamStore ps_;
+  nn::Embedding tok_embed_;
+  std::unique_ptr<nn::Embedding> pos_embed_;  // learned positions (GPT-2)
+  std::vector<std::unique_ptr<nn::DecoderBlock>> blocks_;
+  std::unique_ptr<nn::Norm> final_norm_;
+  std::unique_ptr<nn::LMHead> head_;
+  nn::Scratch scratch_;
+  Tensor ids_, x0_;
+  Tensor pos_, abs_pos_;        // position ids [B, T] of the forward; + prefix length
+  nn::Positions where_;         // what the blocks see (packed ids, rotary tables)
+  bool pos_is_custom_ = false;  // pos_ came from the caller (packed rows)
+};
+
+}  // namespace loom::models

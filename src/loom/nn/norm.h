@@ -1,0 +1,19 @@
+// What a decoder needs of a normalisation layer (LayerNorm for GPT-2, RMSNorm for the Llama
+// family), so the final norm can be either; blocks hold the concrete type.
+//   forward : x [..., C] -> y [..., C]   (owned by the layer, saved for backward)
+//   backward: dy -> dx += ...
+#pragma once
+
+#include "loom/tensor/tensor.h"
+
+namespace loom::nn {
+
+class Norm {
+ public:
+  virtual ~Norm() = default;
+  virtual const Tensor& forward(const Tensor& x) = 0;
+  virtual void backward(const Tensor& dy, const Tensor& dx) = 0;
+  virtual const Tensor& output() const = 0;  // last forward's y
+};
+
+}  // namespace loom::nn
