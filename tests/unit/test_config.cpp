@@ -6,6 +6,7 @@
 
 #include "common/test_util.h"
 #include "loom/train/config.h"
+#include "loom/train/trainer.h"
 
 namespace loom {
 namespace {
@@ -132,6 +133,44 @@ TEST(Schedule, DeepSpeedFormulas) {
        {"params", {{"warmup_num_steps", 2}, {"total_num_steps", 10}, {"cos_min_ratio", 0.1}}}},
       0.5, 10);
   EXPECT_NEAR(s.lr_at(9), 0.05, 1e-12);
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+TEST(Config, ModelFromSizesForEachArch) {
+  const nlohmann::json llama = {{"arch", "llama"},          {"vocab_size", 40},
+                                {"hidden_size", 16},        {"intermediate_size", 24},
+                                {"num_hidden_layers", 2},   {"num_attention_heads", 4},
+                                {"num_key_value_heads", 2}, {"max_position_embeddings", 32}};
+  auto m = train::build_model(llama, 7, "cfg.json");
+  EXPECT_EQ(m->arch(), "llama");
+  EXPECT_EQ(m->kv_heads(), 2);
+  EXPECT_EQ(m->params().find("model.layers.1.self_attn.k_proj.weight")->shape, (Shape{8, 16}));
+  EXPECT_NE(m->params().find("lm_head.weight"), nullptr);  // untied by default, as HF
+  nlohmann::json qwen = llama;
+  qwen["arch"] = "qwen2";
+  EXPECT_NE(train::build_model(qwen, 7, "cfg.json")
+                ->params()
+                .find("model.layers.0.self_attn.q_proj.bias"),
+            nullptr);
+  auto error_of = [](const nlohmann::json& j) -> std::string {
+    try {
+      train::build_model(j, 7, "cfg.json");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  nlohmann::json bad = llama;
+  bad["n_embd"] = 16;  // a GPT-2 key
+  EXPECT_NE(error_of(bad).find("unknown config key 'model.n_embd' for arch 'llama'"),
+            std::string::npos)
+      << error_of(bad);
+  EXPECT_NE(error_of({{"arch", "mamba"}}).find("'model.arch'"), std::string::npos);
 }
 
 }  // namespace

@@ -3,16 +3,18 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 
 #include "loom/io/hf_checkpoint.h"
 #include "loom/io/model_loader.h"
 #include "loom/io/peft_adapter.h"
 #include "loom/kernels/cpu/cross_entropy.h"
-#include "loom/models/gpt2.h"
+#include "loom/models/registry.h"
 #include "loom/optim/clip.h"
 #include "loom/train/checkpoint.h"
 #include "loom/util/error.h"
@@ -59,19 +61,30 @@ std::unique_ptr<models::CausalLM> build_model(const nlohmann::json& m, uint64_t 
     }
     return io::load_model(m["path"].get<std::string>(), opt);
   }
-  LOOM_CHECK(m.value("arch", std::string()) == "gpt2",
-             where + ": config key 'model.arch' must be \"gpt2\" (or give 'model.path')");
+  // Sizes as the architecture's config.json spells them; the model starts from `seed`.
+  static const std::map<std::string, std::vector<std::string>> kKeys = {
+      {"gpt2",
+       {"vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "layer_norm_epsilon",
+        "initializer_range"}},
+      {"llama",
+       {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+        "rms_norm_eps", "rope_theta", "rope_scaling", "tie_word_embeddings", "attention_bias",
+        "initializer_range", "bos_token_id", "eos_token_id"}}};
+  const std::string arch = m.value("arch", std::string());
+  const auto known = kKeys.find(arch == "qwen2" ? "llama" : arch);
+  LOOM_CHECK(known != kKeys.end(), where +
+                                       ": config key 'model.arch' must be \"gpt2\", "
+                                       "\"llama\" or \"qwen2\" (or give 'model.path')");
   nlohmann::json hf = nlohmann::json::object();
   for (auto& [k, v] : m.items()) {
-    static const char* kKeys[] = {
-        "arch",   "vocab_size", "n_positions",        "n_embd",           "n_layer",
-        "n_head", "n_inner",    "layer_norm_epsilon", "initializer_range"};
-    bool known = false;
-    for (const char* kk : kKeys) known |= k == kk;
-    LOOM_CHECK(known, where + ": unknown config key 'model." + k + "'");
-    if (k != "arch") hf[k] = v;
+    if (k == "arch") continue;
+    LOOM_CHECK(std::find(known->second.begin(), known->second.end(), k) != known->second.end(),
+               where + ": unknown config key 'model." + k + "' for arch '" + arch + "'");
+    hf[k] = v;
   }
-  auto model = std::make_unique<models::GPT2>(models::GPT2Config::from_hf(hf, where + " (model)"));
+  hf["model_type"] = arch;
+  auto model = models::make_model(hf, where + " (model)");
   model->params().init(seed);
   return model;
 }

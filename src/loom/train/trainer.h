@@ -35,7 +35,8 @@ struct StepStats {
 };
 
 // Builds the model a config names: a path (HF folder, GGUF file, adapter folder), or
-// {"path", "keep_quantized"}, or {"arch": "gpt2", sizes...} initialised from `seed`.
+// {"path", "keep_quantized"}, or {"arch": "gpt2" | "llama" | "qwen2", config.json sizes...}
+// initialised from `seed`.
 std::unique_ptr<models::CausalLM> build_model(const nlohmann::json& model_cfg, uint64_t seed,
                                               const std::string& where, io::LoadOptions opt = {});
 std::string model_path(const nlohmann::json& model_cfg);  // "" for a model built from sizes
