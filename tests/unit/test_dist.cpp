@@ -37,7 +37,7 @@ class NullComm final : public Communicator {
   void do_send(const float*, int64_t, int, int) override {}
   void do_recv(float*, int64_t, int, int) override {}
   void do_barrier() override {}
-  void do_all_reduce_max(double*) override {}
+  void do_all_reduce_max(double*, int64_t) override {}
   void do_all_reduce_sum(double*, int64_t) override {}
   Request do_iall_reduce_sum(float*, int64_t) override { return {}; }
   Request do_ireduce_scatter_sum(const float*, float*, int64_t) override { return {}; }

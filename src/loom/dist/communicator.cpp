@@ -123,9 +123,10 @@ void Communicator::barrier() {
   count(0);
 }
 
-void Communicator::all_reduce_max(double* value) {
-  do_all_reduce_max(value);
-  count(all_reduce_bytes(sizeof(double)));
+void Communicator::all_reduce_max(double* buf, int64_t n) {
+  check_count(n, "all_reduce_max");
+  do_all_reduce_max(buf, n);
+  count(all_reduce_bytes(n * static_cast<int64_t>(sizeof(double))));
 }
 
 void Communicator::all_reduce_sum(double* buf, int64_t n) {
@@ -360,8 +361,9 @@ void MpiComm::do_recv(float* buf, int64_t n, int src, int tag) {
 
 void MpiComm::do_barrier() { check_mpi(MPI_Barrier(handle_->comm), "barrier"); }
 
-void MpiComm::do_all_reduce_max(double* value) {
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, value, 1, MPI_DOUBLE, MPI_MAX, handle_->comm),
+void MpiComm::do_all_reduce_max(double* buf, int64_t n) {
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, to_int(n, "all_reduce_max"), MPI_DOUBLE, MPI_MAX,
+                          handle_->comm),
             "all_reduce_max");
 }
 

@@ -82,7 +82,8 @@ class Communicator {
   void barrier();
   // Scalars (loss sums, squared norms), in double so the sum of many ranks stays exact
   // enough for the equivalence checks.
-  void all_reduce_max(double* value);
+  void all_reduce_max(double* value) { all_reduce_max(value, 1); }
+  void all_reduce_max(double* buf, int64_t n);  // elementwise, in place
   void all_reduce_sum(double* buf, int64_t n);
 
   // Non-blocking forms of the three gradient/parameter collectives (MPI-3 Iallreduce,
@@ -116,7 +117,7 @@ class Communicator {
   virtual void do_send(const float* buf, int64_t n, int dest, int tag) = 0;
   virtual void do_recv(float* buf, int64_t n, int src, int tag) = 0;
   virtual void do_barrier() = 0;
-  virtual void do_all_reduce_max(double* value) = 0;
+  virtual void do_all_reduce_max(double* buf, int64_t n) = 0;
   virtual void do_all_reduce_sum(double* buf, int64_t n) = 0;
   virtual Request do_iall_reduce_sum(float* buf, int64_t n) = 0;
   virtual Request do_ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) = 0;
@@ -150,7 +151,7 @@ class LocalComm final : public Communicator {
   void do_send(const float* buf, int64_t n, int dest, int tag) override;
   void do_recv(float* buf, int64_t n, int src, int tag) override;
   void do_barrier() override {}
-  void do_all_reduce_max(double*) override {}
+  void do_all_reduce_max(double*, int64_t) override {}
   void do_all_reduce_sum(double*, int64_t) override {}
   Request do_iall_reduce_sum(float* buf, int64_t n) override;
   Request do_ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) override;
@@ -180,7 +181,7 @@ class MpiComm final : public Communicator {
   void do_send(const float* buf, int64_t n, int dest, int tag) override;
   void do_recv(float* buf, int64_t n, int src, int tag) override;
   void do_barrier() override;
-  void do_all_reduce_max(double* value) override;
+  void do_all_reduce_max(double* buf, int64_t n) override;
   void do_all_reduce_sum(double* buf, int64_t n) override;
   Request do_iall_reduce_sum(float* buf, int64_t n) override;
   Request do_ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) override;

@@ -9,18 +9,21 @@ namespace loom::models {
 
 Decoder::Decoder(DecoderSpec spec)
     : spec_(std::move(spec)),
-      tok_embed_(ps_, spec_.tok_embed, spec_.vocab, spec_.hidden, spec_.init_std) {
+      tok_embed_(ps_, spec_.tok_embed, spec_.vocab, spec_.hidden, spec_.init_std, spec_.tp) {
   if (!spec_.pos_embed.empty())
     pos_embed_ = std::make_unique<nn::Embedding>(ps_, spec_.pos_embed, spec_.max_positions,
                                                  spec_.hidden, spec_.init_std);
   for (int64_t l = 0; l < spec_.layers; ++l)
     blocks_.push_back(spec_.make_block(ps_, spec_.block_prefix + std::to_string(l)));
   final_norm_ = spec_.make_norm(ps_, spec_.final_norm);
-  nn::Parameter* w = spec_.tied_head
-                         ? tok_embed_.weight()
-                         : ps_.add(spec_.lm_head + ".weight", {spec_.vocab, spec_.hidden},
-                                   nn::ParamKind::Weight, spec_.init_std);
-  head_ = std::make_unique<nn::LMHead>(w);
+  nn::Parameter* w =
+      spec_.tied_head
+          ? tok_embed_.weight()
+          : ps_.add(spec_.lm_head + ".weight", {spec_.vocab, spec_.hidden}, nn::ParamKind::Weight,
+                    spec_.init_std, 0.0f,
+                    spec_.tp.active() ? nn::vocab_shard(spec_.vocab, spec_.tp, spec_.lm_head)
+                                      : nn::ShardSpec{});
+  head_ = std::make_unique<nn::LMHead>(w, spec_.vocab, spec_.tp);
   ps_.materialize();
 }
 
@@ -36,6 +39,7 @@ void Decoder::add_bottleneck_adapters(const nn::AdapterSpec& spec) {
 }
 
 void Decoder::add_kv_prefix(const nn::PrefixSpec& spec) {
+  LOOM_CHECK(!spec_.tp.active(), "prefix tuning under tensor parallelism is not supported yet");
   prefix_ = std::make_unique<nn::KVPrefix>(ps_, spec, spec_.layers, spec_.kv_width);
   for (size_t l = 0; l < blocks_.size(); ++l)
     blocks_[l]->attach_prefix(prefix_.get(), static_cast<int64_t>(l));
@@ -51,7 +55,7 @@ int Decoder::unit_of(const std::string& n) const {
 }
 
 void Decoder::embed(const int32_t* ids, const int32_t* abs_pos, int64_t N, Tensor& x) {
-  tok_embed_.forward(ids, N, x, /*accumulate=*/false);
+  tok_embed_.forward(ids, N, x);
   if (pos_embed_) pos_embed_->forward(abs_pos, N, x, /*accumulate=*/true);
 }
 
@@ -176,6 +180,7 @@ KVCache Decoder::new_cache() {
 
 const Tensor& Decoder::forward_cached(const Tensor& ids, KVCache& cache) {
   LOOM_CHECK(ids.ndim() == 2 && ids.dim(0) == 1, "forward_cached: ids must be [1, n]");
+  LOOM_CHECK(!spec_.tp.active(), "generation runs on one process (tensor_parallel.size 1)");
   const int64_t n = ids.dim(1), past = cache.len;
   LOOM_CHECK(past + n <= cache.capacity,
              "context of " + std::to_string(past + n) + " tokens exceeds the model's " +

@@ -4,6 +4,11 @@
 // final norm, a tied or separate head, learned or rotary positions, and the Hugging Face
 // config and names it reads and writes. The forward/backward contract is CausalLM's.
 //
+// Tensor parallel (spec.tp): the token table is a VocabParallelEmbedding, the head
+// vocabulary-parallel (nn/lm_head.h: forward returns this rank's slice of the logits, the
+// columns [vocab_first(), +Vl)), the blocks split as their factories build them; norms and
+// learned positions are replicated. Generation (forward_cached) runs on one rank.
+//
 // Positions: a row's tokens sit at 0..T-1 or at the packed ids given; a KV prefix of length
 // P shifts them to P.. for the learned position table and the rotary tables, as transformers
 // does, while packed-row masking uses the unshifted ids.
@@ -34,6 +39,7 @@ struct DecoderSpec {
   bool tied_head = true;
   float init_std = 0.02f;
   std::vector<float> rope_inv_freq;  // rotary embeddings (D/2 frequencies); empty: none
+  nn::TensorParallel tp;
   // Builders, called in parameter-declaration order: blocks 0..layers-1, then the final norm.
   std::function<std::unique_ptr<nn::DecoderBlock>(nn::ParamStore&, const std::string& name)>
       make_block;
@@ -55,6 +61,9 @@ class Decoder : public CausalLM {
   int64_t kv_heads() const override { return spec_.kv_heads; }
   int num_layers() const override { return static_cast<int>(spec_.layers); }
   int unit_of(const std::string& param_name) const override;
+  // The logits' first column in the full vocabulary (0 unless tensor-parallel).
+  int64_t vocab_first() const { return head_->vocab_first(); }
+  const nn::TensorParallel& tensor_parallel() const { return spec_.tp; }
 
  protected:
   // Declares every parameter (materialized; values zero until init or load).
@@ -71,7 +80,7 @@ class Decoder : public CausalLM {
 
   DecoderSpec spec_;
   nn::ParamStore ps_;
-  nn::Embedding tok_embed_;
+  nn::VocabParallelEmbedding tok_embed_;
   std::unique_ptr<nn::Embedding> pos_embed_;  // learned positions (GPT-2)
   std::vector<std::unique_ptr<nn::DecoderBlock>> blocks_;
   std::unique_ptr<nn::Norm> final_norm_;

@@ -75,7 +75,7 @@ nlohmann::json GPT2Config::to_hf() const {
 }
 
 std::unique_ptr<nn::DecoderBlock> gpt2_block(nn::ParamStore& ps, const std::string& name,
-                                             const GPT2Config& c) {
+                                             const GPT2Config& c, const nn::TensorParallel& tp) {
   using Block = nn::PreNormBlock<nn::LayerNorm, nn::FusedQKVAttention, nn::GeluMLP>;
   // GPT-2 scales the init of residual output projections by 1/sqrt(2 * n_layer).
   const float proj_std = c.initializer_range / std::sqrt(2.0f * c.n_layer);
@@ -84,16 +84,26 @@ std::unique_ptr<nn::DecoderBlock> gpt2_block(nn::ParamStore& ps, const std::stri
       [&] { return nn::LayerNorm(ps, name + ".ln_2", c.n_embd, c.layer_norm_epsilon); },
       [&] {
         return nn::FusedQKVAttention(ps, name + ".attn", c.n_embd, c.n_head, c.initializer_range,
-                                     proj_std);
+                                     proj_std, tp);
       },
       [&] {
-        return nn::GeluMLP(ps, name + ".mlp", c.n_embd, c.hidden(), c.initializer_range, proj_std);
-      });
+        return nn::GeluMLP(ps, name + ".mlp", c.n_embd, c.hidden(), c.initializer_range, proj_std,
+                           tp);
+      },
+      tp);
 }
 
 namespace {
-DecoderSpec gpt2_spec(const GPT2Config& c) {
+DecoderSpec gpt2_spec(const GPT2Config& c, const nn::TensorParallel& tp) {
+  // Checked before any layer is built, so the error names the heads.
+  LOOM_CHECK(c.n_head % tp.size() == 0, "n_head " + std::to_string(c.n_head) +
+                                            " is not divisible by tensor_parallel.size " +
+                                            std::to_string(tp.size()));
+  LOOM_CHECK(c.hidden() % tp.size() == 0, "n_inner " + std::to_string(c.hidden()) +
+                                              " is not divisible by tensor_parallel.size " +
+                                              std::to_string(tp.size()));
   DecoderSpec s;
+  s.tp = tp;
   s.tok_embed = "transformer.wte";
   s.pos_embed = "transformer.wpe";
   s.block_prefix = "transformer.h.";
@@ -107,8 +117,8 @@ DecoderSpec gpt2_spec(const GPT2Config& c) {
   s.kv_width = c.n_embd;
   s.tied_head = true;
   s.init_std = c.initializer_range;
-  s.make_block = [c](nn::ParamStore& ps, const std::string& name) {
-    return gpt2_block(ps, name, c);
+  s.make_block = [c, tp](nn::ParamStore& ps, const std::string& name) {
+    return gpt2_block(ps, name, c, tp);
   };
   s.make_norm = [c](nn::ParamStore& ps, const std::string& name) {
     return std::make_unique<nn::LayerNorm>(ps, name, c.n_embd, c.layer_norm_epsilon);
@@ -117,7 +127,8 @@ DecoderSpec gpt2_spec(const GPT2Config& c) {
 }
 }  // namespace
 
-GPT2::GPT2(const GPT2Config& c) : Decoder(gpt2_spec(c)), cfg_(c) {}
+GPT2::GPT2(const GPT2Config& c, const nn::TensorParallel& tp)
+    : Decoder(gpt2_spec(c, tp)), cfg_(c) {}
 
 int64_t GPT2::activation_bytes(int64_t B, int64_t T) const {
   const int64_t N = B * T, C = cfg_.n_embd, H = cfg_.hidden();

@@ -28,13 +28,15 @@ struct GPT2Config {
   int64_t hidden() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
 };
 
-// Block `name` (e.g. "transformer.h.3") with its parameters declared in ps.
+// Block `name` (e.g. "transformer.h.3") with its parameters declared in ps, split over tp.
 std::unique_ptr<nn::DecoderBlock> gpt2_block(nn::ParamStore& ps, const std::string& name,
-                                             const GPT2Config& c);
+                                             const GPT2Config& c,
+                                             const nn::TensorParallel& tp = {});
 
 class GPT2 : public Decoder {
  public:
-  explicit GPT2(const GPT2Config& c);
+  // tp: the tensor-parallel group the layers split over (none: the whole model here).
+  explicit GPT2(const GPT2Config& c, const nn::TensorParallel& tp = {});
   std::string arch() const override { return "gpt2"; }
   nlohmann::json hf_config() const override { return cfg_.to_hf(); }
   bool hf_transposed(const nn::Parameter& p) const override;

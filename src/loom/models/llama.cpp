@@ -92,7 +92,7 @@ nlohmann::json LlamaConfig::to_hf() const {
 }
 
 std::unique_ptr<nn::DecoderBlock> llama_block(nn::ParamStore& ps, const std::string& name,
-                                              const LlamaConfig& c) {
+                                              const LlamaConfig& c, const nn::TensorParallel& tp) {
   using Block = nn::PreNormBlock<nn::RMSNorm, nn::GqaAttention, nn::SwiGluMLP>;
   return std::make_unique<Block>(
       [&] { return nn::RMSNorm(ps, name + ".input_layernorm", c.hidden_size, c.rms_norm_eps); },
@@ -104,17 +104,31 @@ std::unique_ptr<nn::DecoderBlock> llama_block(nn::ParamStore& ps, const std::str
             ps, name + ".self_attn",
             nn::GqaDims{c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.dim_head(),
                         c.attention_bias, c.attention_bias && c.model_type != "qwen2"},
-            c.initializer_range);
+            c.initializer_range, tp);
       },
       [&] {
         return nn::SwiGluMLP(ps, name + ".mlp", c.hidden_size, c.intermediate_size,
-                             c.initializer_range);
-      });
+                             c.initializer_range, tp);
+      },
+      tp);
 }
 
 namespace {
-DecoderSpec llama_spec(const LlamaConfig& c) {
+DecoderSpec llama_spec(const LlamaConfig& c, const nn::TensorParallel& tp) {
+  // Checked before any layer is built, so the error names the heads.
+  const int64_t t = tp.size(), kv = c.num_key_value_heads;
+  LOOM_CHECK(c.num_attention_heads % t == 0,
+             "num_attention_heads " + std::to_string(c.num_attention_heads) +
+                 " is not divisible by tensor_parallel.size " + std::to_string(t));
+  LOOM_CHECK(kv % t == 0 || t % kv == 0,
+             "num_key_value_heads " + std::to_string(kv) + " and tensor_parallel.size " +
+                 std::to_string(t) +
+                 " do not divide one another (KV heads are split, or replicated when fewer)");
+  LOOM_CHECK(c.intermediate_size % t == 0,
+             "intermediate_size " + std::to_string(c.intermediate_size) +
+                 " is not divisible by tensor_parallel.size " + std::to_string(t));
   DecoderSpec s;
+  s.tp = tp;
   s.tok_embed = "model.embed_tokens";
   s.block_prefix = "model.layers.";
   s.final_norm = "model.norm";
@@ -128,8 +142,8 @@ DecoderSpec llama_spec(const LlamaConfig& c) {
   s.tied_head = c.tie_word_embeddings;
   s.init_std = c.initializer_range;
   s.rope_inv_freq = kernels::rope_inv_freq(c.dim_head(), c.rope_theta, c.rope_scaling);
-  s.make_block = [c](nn::ParamStore& ps, const std::string& name) {
-    return llama_block(ps, name, c);
+  s.make_block = [c, tp](nn::ParamStore& ps, const std::string& name) {
+    return llama_block(ps, name, c, tp);
   };
   s.make_norm = [c](nn::ParamStore& ps, const std::string& name) {
     return std::make_unique<nn::RMSNorm>(ps, name, c.hidden_size, c.rms_norm_eps);
@@ -138,7 +152,8 @@ DecoderSpec llama_spec(const LlamaConfig& c) {
 }
 }  // namespace
 
-Llama::Llama(const LlamaConfig& c) : Decoder(llama_spec(c)), cfg_(c) {}
+Llama::Llama(const LlamaConfig& c, const nn::TensorParallel& tp)
+    : Decoder(llama_spec(c, tp)), cfg_(c) {}
 
 int64_t Llama::activation_bytes(int64_t B, int64_t T) const {
   const int64_t N = B * (T + prefix_length()), C = cfg_.hidden_size, I = cfg_.intermediate_size;

@@ -34,13 +34,15 @@ struct LlamaConfig {
   int64_t dim_head() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
 };
 
-// Layer `name` (e.g. "model.layers.3") with its parameters declared in ps.
+// Layer `name` (e.g. "model.layers.3") with its parameters declared in ps, split over tp.
 std::unique_ptr<nn::DecoderBlock> llama_block(nn::ParamStore& ps, const std::string& name,
-                                              const LlamaConfig& c);
+                                              const LlamaConfig& c,
+                                              const nn::TensorParallel& tp = {});
 
 class Llama : public Decoder {
  public:
-  explicit Llama(const LlamaConfig& c);
+  // tp: the tensor-parallel group the layers split over (none: the whole model here).
+  explicit Llama(const LlamaConfig& c, const nn::TensorParallel& tp = {});
   std::string arch() const override { return cfg_.model_type; }
   nlohmann::json hf_config() const override { return cfg_.to_hf(); }
   bool hf_transposed(const nn::Parameter&) const override { return false; }

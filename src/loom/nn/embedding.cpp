@@ -1,7 +1,11 @@
 #include "loom/nn/embedding.h"
 
+#include <cstring>
+#include <string>
+
 #include "loom/kernels/cpu/embedding.h"
 #include "loom/nn/weight_ops.h"
+#include "loom/util/error.h"
 
 namespace loom::nn {
 
@@ -17,6 +21,49 @@ void Embedding::forward(const int32_t* ids, int64_t N, const Tensor& out, bool a
 
 void Embedding::backward(const int32_t* ids, int64_t N, const Tensor& dout) {
   if (w_->trainable) kernels::embedding_backward(w_->grad.f32(), ids, N, dout.f32(), C_);
+}
+
+VocabParallelEmbedding::VocabParallelEmbedding(ParamStore& ps, const std::string& name, int64_t V,
+                                               int64_t C, float init_std, const TensorParallel& tp)
+    : V_(V), C_(C), rows_(V), tp_(tp) {
+  const ShardSpec shard = tp.active() ? vocab_shard(V, tp, name) : ShardSpec{};
+  w_ = ps.add(name + ".weight", {V, C}, ParamKind::Embedding, init_std, 0.0f, shard);
+  if (shard.sharded()) {
+    first_ = shard.offset;
+    rows_ = shard.size;
+  }
+}
+
+void VocabParallelEmbedding::forward(const int32_t* ids, int64_t N, const Tensor& out) {
+  if (!tp_.active()) return weight_rows(out.f32(), ids, N, *w_, /*accumulate=*/false);
+  LOOM_CHECK(!w_->quantized(), w_->name + ": a quantized table cannot be split over ranks");
+  for (int64_t n = 0; n < N; ++n)
+    LOOM_CHECK(ids[n] >= 0 && ids[n] < V_,
+               "token id " + std::to_string(ids[n]) + " at position " + std::to_string(n) +
+                   " is outside the vocabulary of " + std::to_string(V_));
+  const float* table = w_->value.f32();
+  float* o = out.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t r = ids[n] - first_;
+    if (r >= 0 && r < rows_)
+      std::memcpy(o + n * C_, table + r * C_, C_ * sizeof(float));
+    else
+      std::memset(o + n * C_, 0, C_ * sizeof(float));
+  }
+  reduce_from_region_forward(tp_, out);
+}
+
+void VocabParallelEmbedding::backward(const int32_t* ids, int64_t N, const Tensor& dout) {
+  if (!w_->trainable) return;
+  if (!tp_.active()) return kernels::embedding_backward(w_->grad.f32(), ids, N, dout.f32(), C_);
+  float* g = w_->grad.f32();
+  const float* d = dout.f32();
+  for (int64_t n = 0; n < N; ++n) {  // serial: ids repeat
+    const int64_t r = ids[n] - first_;
+    if (r < 0 || r >= rows_) continue;
+    for (int64_t c = 0; c < C_; ++c) g[r * C_ + c] += d[n * C_ + c];
+  }
 }
 
 }  // namespace loom::nn

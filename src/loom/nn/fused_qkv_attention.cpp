@@ -9,13 +9,17 @@
 namespace loom::nn {
 
 FusedQKVAttention::FusedQKVAttention(ParamStore& ps, const std::string& name, int64_t C,
-                                     int64_t n_head, float init_std, float proj_init_std)
-    : c_attn_(ps, name + ".c_attn", C, 3 * C, true, init_std),
-      c_proj_(ps, name + ".c_proj", C, C, true, proj_init_std),
-      C_(C),
-      NH_(n_head) {
+                                     int64_t n_head, float init_std, float proj_init_std,
+                                     const TensorParallel& tp)
+    : c_attn_(ps, name + ".c_attn", C, 3 * C, true, init_std, tp, /*parts=*/3),
+      c_proj_(ps, name + ".c_proj", C, C, true, proj_init_std, tp),
+      C_(C / tp.size()),
+      NH_(n_head / tp.size()) {
   LOOM_CHECK(C % n_head == 0, name + ": n_embd " + std::to_string(C) +
                                   " is not divisible by n_head " + std::to_string(n_head));
+  LOOM_CHECK(n_head % tp.size() == 0, "n_head " + std::to_string(n_head) +
+                                          " is not divisible by tensor_parallel.size " +
+                                          std::to_string(tp.size()));
 }
 
 const Tensor& FusedQKVAttention::forward(const Tensor& x, const Positions& p) {

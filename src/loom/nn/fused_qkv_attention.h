@@ -3,6 +3,9 @@
 //   forward : x [B, T, C] -> y [B, T, C]   (saves qkv [B,T,3C], att [B,NH,T,T], ctx [B,T,C])
 //             (Positions: only the packed-row ids; GPT-2's positions are learned embeddings)
 //   backward: dy -> dx += ...              (scratch: dctx [B,T,C], dqkv [B,T,3C])
+// Tensor parallel (Megatron): c_attn is column-parallel with q, k and v each split, so a
+// rank holds NH/tp whole heads and C above reads C/tp; c_proj is row-parallel. x must be
+// replicated; dx is then a partial sum over the ranks (the block applies f's backward).
 #pragma once
 
 #include <string>
@@ -15,7 +18,7 @@ namespace loom::nn {
 class FusedQKVAttention {
  public:
   FusedQKVAttention(ParamStore& ps, const std::string& name, int64_t C, int64_t n_head,
-                    float init_std, float proj_init_std);
+                    float init_std, float proj_init_std, const TensorParallel& tp = {});
   const Tensor& forward(const Tensor& x, const Positions& p);
   void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
   // Inference, batch 1: x [1, n, C] at positions past..; appends k, v to kc/vc [capacity, C].
@@ -29,10 +32,11 @@ class FusedQKVAttention {
   }
 
  private:
-  Linear c_attn_, c_proj_;
+  ColumnParallelLinear c_attn_;
+  RowParallelLinear c_proj_;
   KVPrefix* prefix_ = nullptr;
   int64_t layer_ = 0;
-  int64_t C_, NH_;
+  int64_t C_, NH_;  // this rank's width and heads
   Tensor att_, ctx_;
   const int32_t* pos_ = nullptr;  // the forward's position ids (owned by the model)
 };

@@ -5,9 +5,9 @@
 namespace loom::nn {
 
 GeluMLP::GeluMLP(ParamStore& ps, const std::string& name, int64_t C, int64_t hidden, float init_std,
-                 float proj_init_std)
-    : c_fc_(ps, name + ".c_fc", C, hidden, true, init_std),
-      c_proj_(ps, name + ".c_proj", hidden, C, true, proj_init_std) {}
+                 float proj_init_std, const TensorParallel& tp)
+    : c_fc_(ps, name + ".c_fc", C, hidden, true, init_std, tp),
+      c_proj_(ps, name + ".c_proj", hidden, C, true, proj_init_std, tp) {}
 
 const Tensor& GeluMLP::forward(const Tensor& x) {
   const Tensor& h = c_fc_.forward(x);

@@ -1,6 +1,8 @@
 // GPT-2 MLP: c_fc [4C, C] -> GELU(tanh) -> c_proj [C, 4C].
 //   forward : x [B, T, C] -> y [B, T, C]  (saves pre-activation h [B,T,4C] and GELU(h))
 //   backward: dy -> dx += ...             (scratch: dg, dh [B,T,4C])
+// Tensor parallel: c_fc column-parallel, c_proj row-parallel (the hidden 4C split); x
+// replicated, dx a partial sum (the block applies f's backward).
 #pragma once
 
 #include <string>
@@ -14,13 +16,14 @@ namespace loom::nn {
 class GeluMLP {
  public:
   GeluMLP(ParamStore& ps, const std::string& name, int64_t C, int64_t hidden, float init_std,
-          float proj_init_std);
+          float proj_init_std, const TensorParallel& tp = {});
   const Tensor& forward(const Tensor& x);
   void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
   std::vector<Linear*> linears() { return {&c_fc_, &c_proj_}; }
 
  private:
-  Linear c_fc_, c_proj_;
+  ColumnParallelLinear c_fc_;
+  RowParallelLinear c_proj_;
   Tensor g_;  // GELU(h)
 };
 

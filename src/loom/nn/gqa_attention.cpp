@@ -1,6 +1,8 @@
 #include "loom/nn/gqa_attention.h"
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "loom/kernels/cpu/attention.h"
 #include "loom/kernels/cpu/rope.h"
@@ -8,16 +10,39 @@
 
 namespace loom::nn {
 
-GqaAttention::GqaAttention(ParamStore& ps, const std::string& name, const GqaDims& d,
-                           float init_std)
-    : d_(d),
-      q_(ps, name + ".q_proj", d.hidden, d.n_head * d.head_dim, d.qkv_bias, init_std),
-      k_(ps, name + ".k_proj", d.hidden, d.n_kv_head * d.head_dim, d.qkv_bias, init_std),
-      v_(ps, name + ".v_proj", d.hidden, d.n_kv_head * d.head_dim, d.qkv_bias, init_std),
-      o_(ps, name + ".o_proj", d.n_head * d.head_dim, d.hidden, d.o_bias, init_std) {
+namespace {
+// Ranks sharing one KV head: tp / NKV when tp exceeds NKV, else 1.
+int kv_replicas(const GqaDims& d, const TensorParallel& tp) {
+  return tp.size() > d.n_kv_head ? static_cast<int>(tp.size() / d.n_kv_head) : 1;
+}
+
+GqaDims local_dims(const std::string& name, GqaDims d, const TensorParallel& tp) {
+  const int64_t t = tp.size();
   LOOM_CHECK(d.n_kv_head > 0 && d.n_head % d.n_kv_head == 0,
              name + ": num_attention_heads " + std::to_string(d.n_head) +
                  " is not a multiple of num_key_value_heads " + std::to_string(d.n_kv_head));
+  LOOM_CHECK(d.n_head % t == 0, "num_attention_heads " + std::to_string(d.n_head) +
+                                    " is not divisible by tensor_parallel.size " +
+                                    std::to_string(t));
+  LOOM_CHECK(d.n_kv_head % t == 0 || t % d.n_kv_head == 0,
+             "num_key_value_heads " + std::to_string(d.n_kv_head) + " and tensor_parallel.size " +
+                 std::to_string(t) +
+                 " do not divide one another (KV heads are split, or replicated when fewer)");
+  d.n_head /= t;
+  d.n_kv_head = std::max<int64_t>(1, d.n_kv_head / t);
+  return d;
+}
+}  // namespace
+
+GqaAttention::GqaAttention(ParamStore& ps, const std::string& name, const GqaDims& d,
+                           float init_std, const TensorParallel& tp)
+    : d_(local_dims(name, d, tp)),
+      q_(ps, name + ".q_proj", d.hidden, d.n_head * d.head_dim, d.qkv_bias, init_std, tp),
+      k_(ps, name + ".k_proj", d.hidden, d.n_kv_head * d.head_dim, d.qkv_bias, init_std, tp, 1,
+         kv_replicas(d, tp)),
+      v_(ps, name + ".v_proj", d.hidden, d.n_kv_head * d.head_dim, d.qkv_bias, init_std, tp, 1,
+         kv_replicas(d, tp)),
+      o_(ps, name + ".o_proj", d.n_head * d.head_dim, d.hidden, d.o_bias, init_std, tp) {
   LOOM_CHECK(d.head_dim % 2 == 0, name + ": head_dim must be even for rotary embeddings");
 }
 

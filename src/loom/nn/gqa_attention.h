@@ -4,6 +4,10 @@
 //   forward : x [B, T, C], Positions (rope cos/sin [B*T, D/2], packed ids) -> y [B, T, C]
 //             (saves rotated q [B,T,NH*D], k, v [B,T,NKV*D], att [B,NH,T,T], ctx)
 //   backward: dy -> dx += ...   (scratch: dctx, dq, dk, dv)
+// Tensor parallel (Megatron): q, k, v column-parallel, o row-parallel; a rank holds NH/tp
+// query heads and NKV/tp key/value heads, or, when tp exceeds NKV (tp a multiple of it), the
+// one KV head its query heads use, replicated over tp/NKV ranks (their gradients summed).
+// x must be replicated; dx is then a partial sum (the block applies f's backward).
 #pragma once
 
 #include <string>
@@ -20,7 +24,8 @@ struct GqaDims {
 
 class GqaAttention {
  public:
-  GqaAttention(ParamStore& ps, const std::string& name, const GqaDims& d, float init_std);
+  GqaAttention(ParamStore& ps, const std::string& name, const GqaDims& d, float init_std,
+               const TensorParallel& tp = {});
   const Tensor& forward(const Tensor& x, const Positions& p);
   void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
   // Inference, batch 1: x [1, n, C] at positions past.., rope tables [n, D/2]; appends the
@@ -35,8 +40,9 @@ class GqaAttention {
   }
 
  private:
-  GqaDims d_;
-  Linear q_, k_, v_, o_;
+  GqaDims d_;  // this rank's heads
+  ColumnParallelLinear q_, k_, v_;
+  RowParallelLinear o_;
   KVPrefix* prefix_ = nullptr;
   int64_t layer_ = 0;
   Tensor att_, ctx_, cos_, sin_;

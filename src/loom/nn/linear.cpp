@@ -1,5 +1,9 @@
 #include "loom/nn/linear.h"
 
+#include <algorithm>
+#include <vector>
+
+#include "loom/kernels/cpu/elementwise.h"
 #include "loom/nn/buffers.h"
 #include "loom/nn/weight_ops.h"
 #include "loom/util/error.h"
@@ -8,13 +12,40 @@ namespace loom::nn {
 
 Linear::Linear(ParamStore& ps, const std::string& name, int64_t in, int64_t out, bool bias,
                float init_std)
-    : name_(name), in_(in), out_(out) {
-  w_ = ps.add(name + ".weight", {out, in}, ParamKind::Weight, init_std);
-  if (bias) b_ = ps.add(name + ".bias", {out}, ParamKind::Bias, 0.0f, 0.0f);
+    : Linear(ps, name, in, out, bias, init_std, Split::none, TensorParallel{}, 1, 1) {}
+
+Linear::Linear(ParamStore& ps, const std::string& name, int64_t in, int64_t out, bool bias,
+               float init_std, Split split, const TensorParallel& tp, int parts, int replicas)
+    : name_(name), in_(in), out_(out), split_(tp.active() ? split : Split::none), tp_(tp) {
+  ShardSpec ws, bs;
+  if (split_ == Split::column) {
+    LOOM_CHECK(replicas >= 1 && tp.size() % replicas == 0,
+               name + ": " + std::to_string(replicas) + " replicas do not divide the " +
+                   std::to_string(tp.size()) + " tensor-parallel ranks");
+    const int slices = tp.size() / replicas;
+    const int64_t block = out / parts;
+    LOOM_CHECK(out % parts == 0 && block % slices == 0,
+               name + ": " + std::to_string(out) + " outputs (" + std::to_string(parts) +
+                   " blocks) do not split over " + std::to_string(slices) + " ranks");
+    const int64_t size = block / slices;
+    ws = bs = ShardSpec{0, parts, (tp.rank() / replicas) * size, size};
+    out_ = parts * size;
+    replicas_ = replicas;
+  } else if (split_ == Split::row) {
+    LOOM_CHECK(in % tp.size() == 0, name + ": " + std::to_string(in) +
+                                        " inputs do not split over " + std::to_string(tp.size()) +
+                                        " ranks");
+    ws = ShardSpec{1, 1, tp.first(in), tp.share(in)};
+    in_ = tp.share(in);
+  }
+  w_ = ps.add(name + ".weight", {out, in}, ParamKind::Weight, init_std, 0.0f, ws);
+  if (bias) b_ = ps.add(name + ".bias", {out}, ParamKind::Bias, 0.0f, 0.0f, bs);
 }
 
 LoRA& Linear::attach_lora(ParamStore& ps, const LoraSpec& spec, const DropoutContext* ctx) {
   LOOM_CHECK(!lora_, name_ + ": LoRA attached twice");
+  LOOM_CHECK(split_ == Split::none,
+             name_ + ": LoRA on a tensor-parallel layer is not supported yet");
   lora_ = std::make_unique<LoRA>(ps, name_, in_, out_, spec, ctx);
   return *lora_;
 }
@@ -26,13 +57,52 @@ const Tensor& Linear::forward(const Tensor& x) {
   ys.back() = out_;
   ensure(y_, ys);
   x_ = x;
-  weight_forward(y_.f32(), x.f32(), *w_, b_, x.numel() / in_);
-  if (lora_) lora_->forward_add(x, y_);
+  const int64_t N = x.numel() / in_;
+  if (split_ != Split::row) {
+    weight_forward(y_.f32(), x.f32(), *w_, b_, N);
+    if (lora_) lora_->forward_add(x, y_);
+    return y_;
+  }
+  // Row-parallel: partial sums over this rank's inputs, reduced, then the bias once.
+  weight_forward(y_.f32(), x.f32(), *w_, nullptr, N);
+  reduce_from_region_forward(tp_, y_);
+  if (b_) kernels::add_rows(y_.f32(), b_->value.f32(), N, out_);
   return y_;
 }
 
+namespace {
+// Parameter p's gradient of this backward alone, summed over the ranks holding the same
+// slice: each rank adds its slice's partial into a zeroed [slices, numel] buffer at its
+// slice's place, one all-reduce over the tp group sums the replicas, and each takes its
+// own slice back. `before` is p's gradient as it was before this backward.
+void sum_over_replicas(const TensorParallel& tp, int replicas, Parameter& p,
+                       const std::vector<float>& before) {
+  const int64_t n = p.grad.numel();
+  const int slices = tp.size() / replicas, slice = tp.rank() / replicas;
+  std::vector<float> buf(static_cast<size_t>(slices * n), 0.0f);
+  float* g = p.grad.f32();
+  for (int64_t i = 0; i < n; ++i) buf[slice * n + i] = g[i] - before[i];
+  tp.comm->all_reduce_sum(buf.data(), static_cast<int64_t>(buf.size()));
+  for (int64_t i = 0; i < n; ++i) g[i] = before[i] + buf[slice * n + i];
+}
+}  // namespace
+
 void Linear::backward(const Tensor& dy, const Tensor& dx) {
-  weight_backward(dx.defined() ? dx.f32() : nullptr, dy.f32(), x_.f32(), *w_, b_, x_.numel() / in_);
+  float* dxp = dx.defined() ? dx.f32() : nullptr;
+  const int64_t N = x_.numel() / in_;
+  if (replicas_ > 1) {
+    // Replicated slice: the gradient is a partial sum (this rank's heads only).
+    std::vector<float> wb, bb;
+    if (w_->trainable) wb.assign(w_->grad.f32(), w_->grad.f32() + w_->grad.numel());
+    if (b_ && b_->trainable) bb.assign(b_->grad.f32(), b_->grad.f32() + b_->grad.numel());
+    weight_backward(dxp, dy.f32(), x_.f32(), *w_, b_, N);
+    if (w_->trainable) sum_over_replicas(tp_, replicas_, *w_, wb);
+    if (b_ && b_->trainable) sum_over_replicas(tp_, replicas_, *b_, bb);
+    return;
+  }
+  // Row-parallel: dy is replicated (g's backward is the identity); the bias gradient is
+  // the same on every rank.
+  weight_backward(dxp, dy.f32(), x_.f32(), *w_, b_, N);
   if (lora_) lora_->backward(dy, dx);
 }
 

@@ -3,6 +3,13 @@
 // weight (nn/weight_ops.h); a LoRA branch may be attached (PEFT), adding scale * B A x.
 //   forward : x [..., in] -> y [..., out]   (saves x)
 //   backward: dy [..., out] -> dx += ...    (dW, db accumulate when trainable)
+// Under tensor parallelism (nn/tensor_parallel.h) a Linear is one of Megatron's two splits,
+// built as ColumnParallelLinear or RowParallelLinear below; `in`/`out` stay the full sizes
+// and the parameters carry their shard (full-tensor coordinates, nn/parameter.h):
+//   column: output rows split, W [out/tp, in], b [out/tp]; x replicated -> y [..., out/tp].
+//           The caller applies f (copy_to_region) once before the layers that share x.
+//   row   : input columns split, W [out, in/tp]; x [..., in/tp] -> partial sums, reduced
+//           here (g), then the whole bias added once.
 #pragma once
 
 #include <memory>
@@ -10,8 +17,11 @@
 
 #include "loom/nn/lora.h"
 #include "loom/nn/parameter.h"
+#include "loom/nn/tensor_parallel.h"
 
 namespace loom::nn {
+
+enum class Split { none, column, row };
 
 class Linear {
  public:
@@ -27,17 +37,45 @@ class Linear {
   const std::string& name() const { return name_; }  // module name, e.g. "...self_attn.q_proj"
   Parameter* weight() const { return w_; }
   Parameter* bias() const { return b_; }
-  int64_t in_features() const { return in_; }
+  int64_t in_features() const { return in_; }  // local (this rank's) sizes
   int64_t out_features() const { return out_; }
   const Tensor& output() const { return y_; }  // last forward's y
+
+ protected:
+  // A split of W over tp: column with `parts` output blocks split alike, of which ranks
+  // share each slice `replicas` at a time (key/value heads fewer than the ranks); or row.
+  Linear(ParamStore& ps, const std::string& name, int64_t in, int64_t out, bool bias,
+         float init_std, Split split, const TensorParallel& tp, int parts, int replicas);
 
  private:
   std::string name_;
   Parameter* w_;
   Parameter* b_ = nullptr;
   int64_t in_, out_;
+  Split split_ = Split::none;
+  TensorParallel tp_;
+  int replicas_ = 1;
   std::unique_ptr<LoRA> lora_;
   Tensor x_, y_;
+};
+
+// Megatron's ColumnParallelLinear (gather_output=False): y [..., out/tp] = x W_r^T + b_r.
+// parts: out is that many equal blocks, each split over the ranks (GPT-2's c_attn: 3).
+// replicas: ranks that hold the same slice (tp / replicas slices; their gradients, partial
+// sums over the ranks' own heads, are summed over those ranks in backward).
+class ColumnParallelLinear : public Linear {
+ public:
+  ColumnParallelLinear(ParamStore& ps, const std::string& name, int64_t in, int64_t out, bool bias,
+                       float init_std, const TensorParallel& tp, int parts = 1, int replicas = 1)
+      : Linear(ps, name, in, out, bias, init_std, Split::column, tp, parts, replicas) {}
+};
+
+// Megatron's RowParallelLinear (input_is_parallel=True): y = g(x_r W_r^T) + b.
+class RowParallelLinear : public Linear {
+ public:
+  RowParallelLinear(ParamStore& ps, const std::string& name, int64_t in, int64_t out, bool bias,
+                    float init_std, const TensorParallel& tp)
+      : Linear(ps, name, in, out, bias, init_std, Split::row, tp, 1, 1) {}
 };
 
 }  // namespace loom::nn

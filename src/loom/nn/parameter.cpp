@@ -8,13 +8,67 @@
 
 namespace loom::nn {
 
+namespace {
+// p's shard as three nested extents of the full tensor, row-major: outer (the dimensions
+// before `dim`) x parts x block (the block's rows times the trailing dimensions).
+struct ShardGeometry {
+  int64_t outer = 1, parts = 1, full_block = 1, local_block = 1, first = 0;
+};
+
+ShardGeometry geometry(const Parameter& p) {
+  ShardGeometry g;
+  if (!p.shard.sharded()) {
+    g.full_block = g.local_block = shape_numel(p.shape);
+    return g;
+  }
+  const int d = p.shard.dim;
+  int64_t inner = 1;
+  for (int i = 0; i < d; ++i) g.outer *= p.full_shape[i];
+  for (size_t i = d + 1; i < p.full_shape.size(); ++i) inner *= p.full_shape[i];
+  g.parts = p.shard.parts;
+  g.full_block = p.full_shape[d] / p.shard.parts * inner;
+  g.local_block = p.shard.size * inner;
+  g.first = p.shard.offset * inner;
+  return g;
+}
+}  // namespace
+
+int64_t full_index(const Parameter& p, int64_t local) {
+  const ShardGeometry g = geometry(p);
+  const int64_t block = local / g.local_block;  // (outer index, part) flattened
+  return block * g.full_block + g.first + local % g.local_block;
+}
+
+void shard_from_full(const Parameter& p, const float* full, float* local) {
+  const ShardGeometry g = geometry(p);
+  for (int64_t b = 0; b < g.outer * g.parts; ++b)
+    std::copy_n(full + b * g.full_block + g.first, g.local_block, local + b * g.local_block);
+}
+
+void shard_to_full(const Parameter& p, const float* local, float* full) {
+  const ShardGeometry g = geometry(p);
+  for (int64_t b = 0; b < g.outer * g.parts; ++b)
+    std::copy_n(local + b * g.local_block, g.local_block, full + b * g.full_block + g.first);
+}
+
 Parameter* ParamStore::add(const std::string& name, const Shape& shape, ParamKind kind,
-                           float init_std, float init_value) {
+                           float init_std, float init_value, const ShardSpec& shard) {
   LOOM_CHECK(find(name) == nullptr, "parameter " + name + " declared twice");
   auto p = std::make_unique<Parameter>();
   p->name = name;
-  p->shape = shape;
   p->full_shape = shape;
+  p->shape = shape;
+  p->shard = shard;
+  if (shard.sharded()) {
+    const int d = shard.dim;
+    LOOM_CHECK(d < static_cast<int>(shape.size()) && shard.parts >= 1 &&
+                   shape[d] % shard.parts == 0 && shard.size > 0 && shard.offset >= 0 &&
+                   shard.offset + shard.size <= shape[d] / shard.parts,
+               "parameter " + name + ": shard of dim " + std::to_string(d) + " (" +
+                   std::to_string(shard.parts) + " parts, rows " + std::to_string(shard.offset) +
+                   "+" + std::to_string(shard.size) + ") outside " + shape_str(shape));
+    p->shape[d] = shard.parts * shard.size;
+  }
   p->kind = kind;
   p->init_std = init_std;
   p->init_value = init_value;
@@ -91,15 +145,20 @@ void ParamStore::init_one(Parameter& p, uint64_t seed) {
   float* v = p.value.f32();
   const int64_t n = p.value.numel();
   const uint64_t stream = stream_id(p.name);
+  const bool sharded = p.shard.sharded();
   if (p.init_bound > 0.0f) {
     const double b = p.init_bound;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-      v[i] = static_cast<float>((2.0 * rng_uniform(seed, stream, i) - 1.0) * b);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t e = sharded ? full_index(p, i) : i;
+      v[i] = static_cast<float>((2.0 * rng_uniform(seed, stream, e) - 1.0) * b);
+    }
   } else if (p.init_std > 0.0f) {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-      v[i] = static_cast<float>(rng_normal(seed, stream, i) * p.init_std);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t e = sharded ? full_index(p, i) : i;
+      v[i] = static_cast<float>(rng_normal(seed, stream, e) * p.init_std);
+    }
   } else {
     for (int64_t i = 0; i < n; ++i) v[i] = p.init_value;
   }

@@ -20,11 +20,19 @@
 
 namespace loom::nn {
 
-// Which slice of the logical tensor this rank holds. dim == -1: the whole tensor.
-// (Tensor parallel sets dim/offset; every layout saves and loads logical tensors.)
+// Which slice of the full (logical) tensor this rank holds, along one dimension `dim`
+// (dim == -1: the whole tensor). The dimension is `parts` equal blocks that are split alike
+// (GPT-2's fused c_attn rows are q, k and v: each rank holds its heads of all three); of
+// every block the rank holds rows [offset, offset + size). The local extent of `dim` is
+// parts * size. Several ranks may hold the same slice (key/value heads replicated when
+// the tensor-parallel size exceeds their number). Every layout saves, loads and initialises
+// in full-tensor coordinates, so a layout does not change what a model is.
 struct ShardSpec {
   int dim = -1;
+  int parts = 1;
   int64_t offset = 0;
+  int64_t size = 0;
+  bool sharded() const { return dim >= 0; }
 };
 
 // What a parameter is, for rules that depend on it (weight decay exclusions).
@@ -50,11 +58,19 @@ struct Parameter {
   bool quantized() const { return quant != nullptr; }
 };
 
+// Element `local` (flat index into p.shape) of p's shard: its flat index in the full tensor.
+int64_t full_index(const Parameter& p, int64_t local);
+// Copies p's slice out of a full tensor [full_shape] into local [shape], or back.
+void shard_from_full(const Parameter& p, const float* full, float* local);
+void shard_to_full(const Parameter& p, const float* local, float* full);
+
 class ParamStore {
  public:
-  // Declares a parameter; init is normal(0, init_std) when init_std > 0, else init_value.
+  // Declares a parameter of full shape `shape`, of which this rank holds `shard` (the
+  // whole tensor by default); init is normal(0, init_std) when init_std > 0, else
+  // init_value.
   Parameter* add(const std::string& name, const Shape& shape, ParamKind kind, float init_std,
-                 float init_value = 0.0f);
+                 float init_value = 0.0f, const ShardSpec& shard = {});
   // Allocates the flat buffers and makes every value/grad a view into them. Called again
   // after parameters were added, frozen or quantized, it lays the buffers out anew and
   // copies every f32 value across (new parameters start at zero: call init_new()).
@@ -68,8 +84,8 @@ class ParamStore {
   void drop_grads();
   // Initialises only the parameters added since the previous materialize().
   void init_new(uint64_t seed);
-  // Fills every value from its init rule, keyed by (seed, name, element) so the result
-  // does not depend on layout or order.
+  // Fills every value from its init rule, keyed by (seed, name, element of the full
+  // tensor) so the result does not depend on layout or order.
   void init(uint64_t seed);
   void zero_grads();
 

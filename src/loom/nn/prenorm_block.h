@@ -6,6 +6,10 @@
 // pass; Norm and Mlp take x. Parameters are declared in the order norm1, norm2, attn, mlp
 // (the Norm/Attn/Mlp types are built by the factories passed to the constructor, in that
 // order: Hugging Face's order for GPT-2 and Llama).
+// Tensor parallel: attention and MLP each begin with column-parallel layers and end with a
+// row-parallel one (its reduce is g), so each is entered through f: backward all-reduces
+// the gradient at their input once (nn/tensor_parallel.h). Norms and adapters are
+// replicated.
 #pragma once
 
 #include <memory>
@@ -14,6 +18,7 @@
 
 #include "loom/kernels/cpu/elementwise.h"
 #include "loom/nn/decoder_block.h"
+#include "loom/nn/tensor_parallel.h"
 
 namespace loom::nn {
 
@@ -21,8 +26,8 @@ template <class Norm, class Attn, class Mlp>
 class PreNormBlock final : public DecoderBlock {
  public:
   template <class MakeN1, class MakeN2, class MakeA, class MakeM>
-  PreNormBlock(MakeN1 n1, MakeN2 n2, MakeA a, MakeM m)
-      : norm1_(n1()), norm2_(n2()), attn_(a()), mlp_(m()) {}
+  PreNormBlock(MakeN1 n1, MakeN2 n2, MakeA a, MakeM m, const TensorParallel& tp = {})
+      : norm1_(n1()), norm2_(n2()), attn_(a()), mlp_(m()), tp_(tp) {}
 
   Attn& attn() { return attn_; }
 
@@ -39,9 +44,11 @@ class PreNormBlock final : public DecoderBlock {
     dh.copy_from(dout);
     Tensor dn = scratch.zeros("block.dn", dout.shape());  // gradient at a norm's output
     mlp_.backward(through(mlp_adapter_.get(), dout, scratch), dn, scratch);
+    copy_to_region_backward(tp_, dn);
     norm2_.backward(dn, dh);
     dn = scratch.zeros("block.dn", dout.shape());
     attn_.backward(through(attn_adapter_.get(), dh, scratch), dn, scratch);
+    copy_to_region_backward(tp_, dn);
     norm1_.backward(dn, dx);
     kernels::add_inplace(dx.f32(), dh.f32(), dx.numel());
   }
@@ -85,6 +92,7 @@ class PreNormBlock final : public DecoderBlock {
   Norm norm1_, norm2_;
   Attn attn_;
   Mlp mlp_;
+  TensorParallel tp_;
   std::unique_ptr<BottleneckAdapter> attn_adapter_, mlp_adapter_;
   Tensor h_, out_;  // residual after attention, block output
 };

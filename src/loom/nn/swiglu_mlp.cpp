@@ -5,10 +5,10 @@
 namespace loom::nn {
 
 SwiGluMLP::SwiGluMLP(ParamStore& ps, const std::string& name, int64_t C, int64_t inter,
-                     float init_std)
-    : gate_(ps, name + ".gate_proj", C, inter, false, init_std),
-      up_(ps, name + ".up_proj", C, inter, false, init_std),
-      down_(ps, name + ".down_proj", inter, C, false, init_std) {}
+                     float init_std, const TensorParallel& tp)
+    : gate_(ps, name + ".gate_proj", C, inter, false, init_std, tp),
+      up_(ps, name + ".up_proj", C, inter, false, init_std, tp),
+      down_(ps, name + ".down_proj", inter, C, false, init_std, tp) {}
 
 const Tensor& SwiGluMLP::forward(const Tensor& x) {
   const Tensor& g = gate_.forward(x);

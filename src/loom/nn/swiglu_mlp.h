@@ -1,6 +1,8 @@
 // Llama-family MLP: down_proj(silu(gate_proj(x)) * up_proj(x)), no biases.
 //   forward : x [B, T, C] -> y [B, T, C]   (saves gate and up outputs [B,T,I], h = swiglu)
 //   backward: dy -> dx += ...              (scratch: dh, dg, du [B,T,I])
+// Tensor parallel: gate and up column-parallel, down row-parallel (I split); x replicated,
+// dx a partial sum (the block applies f's backward).
 #pragma once
 
 #include <string>
@@ -13,13 +15,15 @@ namespace loom::nn {
 
 class SwiGluMLP {
  public:
-  SwiGluMLP(ParamStore& ps, const std::string& name, int64_t C, int64_t inter, float init_std);
+  SwiGluMLP(ParamStore& ps, const std::string& name, int64_t C, int64_t inter, float init_std,
+            const TensorParallel& tp = {});
   const Tensor& forward(const Tensor& x);
   void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
   std::vector<Linear*> linears() { return {&gate_, &up_, &down_}; }
 
  private:
-  Linear gate_, up_, down_;
+  ColumnParallelLinear gate_, up_;
+  RowParallelLinear down_;
   Tensor h_;
 };
 

@@ -1,5 +1,6 @@
 #include "loom/kernels/cpu/cross_entropy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -68,6 +69,56 @@ double cross_entropy_backward(float* logits, const int32_t* targets, int64_t N, 
     x[t] -= grad_scale;
   }
   return total;
+}
+
+void vp_row_max(const float* logits, int64_t N, int64_t Vl, double* mx) {
+  prof::ScopedPhase ph(prof::Phase::Loss);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = logits + n * Vl;
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int64_t i = 0; i < Vl; ++i) m = std::max(m, x[i]);
+    mx[n] = m;
+  }
+}
+
+void vp_row_partials(const float* logits, const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
+                     int64_t V, const double* mx, double* sumexp, double* tgt) {
+  prof::ScopedPhase ph(prof::Phase::Loss);
+  for (int64_t n = 0; n < N; ++n) check_target(targets[n], V, n);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    sumexp[n] = tgt[n] = 0.0;
+    const int32_t t = targets[n];
+    if (t == kIgnoreIndex) continue;
+    const float* x = logits + n * Vl;
+    const float m = static_cast<float>(mx[n]);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < Vl; ++i) sum += vexp(x[i] - m);
+    sumexp[n] = sum;
+    if (t >= v0 && t < v0 + Vl) tgt[n] = x[t - v0] - m;
+  }
+}
+
+void vp_backward(float* logits, const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,
+                 const double* mx, const double* sumexp, float grad_scale) {
+  prof::ScopedPhase ph(prof::Phase::Loss);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    float* x = logits + n * Vl;
+    const int32_t t = targets[n];
+    if (t == kIgnoreIndex) {
+      for (int64_t i = 0; i < Vl; ++i) x[i] = 0.0f;
+      continue;
+    }
+    // exp(x - lse), lse = mx + log(sumexp): the one-rank kernel's form.
+    const float lse = static_cast<float>(mx[n] + std::log(sumexp[n]));
+#pragma omp simd
+    for (int64_t i = 0; i < Vl; ++i) x[i] = vexp(x[i] - lse) * grad_scale;
+    if (t >= v0 && t < v0 + Vl) x[t - v0] -= grad_scale;
+  }
 }
 
 }  // namespace loom::kernels

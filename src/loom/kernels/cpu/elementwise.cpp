@@ -19,6 +19,13 @@ void add_inplace(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+void add_rows(float* y, const float* b, int64_t N, int64_t C) {
+  prof::ScopedPhase ph(prof::Phase::Other);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) y[n * C + c] += b[c];
+}
+
 void zero(float* y, int64_t n) {
   prof::ScopedPhase ph(prof::Phase::Other);
   constexpr int64_t kBlock = 1 << 16;

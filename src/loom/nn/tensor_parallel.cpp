@@ -1,0 +1,63 @@
+#include "loom/nn/tensor_parallel.h"
+
+#include <algorithm>
+#include <string>
+
+#include "loom/util/error.h"
+
+namespace loom::nn {
+
+void copy_to_region_backward(const TensorParallel& tp, const Tensor& dx) {
+  if (tp.active()) tp.comm->all_reduce_sum(dx.f32(), dx.numel());
+}
+
+void reduce_from_region_forward(const TensorParallel& tp, const Tensor& y) {
+  if (tp.active()) tp.comm->all_reduce_sum(y.f32(), y.numel());
+}
+
+ShardSpec vocab_shard(int64_t V, const TensorParallel& tp, const std::string& name) {
+  const int64_t per = (V + tp.size() - 1) / tp.size(), first = tp.rank() * per;
+  LOOM_CHECK(first < V, name + ": a vocabulary of " + std::to_string(V) +
+                            " is too small to split over " + std::to_string(tp.size()) +
+                            " tensor-parallel ranks");
+  return ShardSpec{0, 1, first, std::min(per, V - first)};
+}
+
+namespace {
+void check_split(const TensorParallel& tp, const Tensor& local, const Tensor& full,
+                 const char* what) {
+  LOOM_CHECK(local.numel() * tp.size() == full.numel(),
+             std::string(what) + ": rows " + shape_str(local.shape()) + " x " +
+                 std::to_string(tp.size()) + " ranks do not make " + shape_str(full.shape()));
+}
+}  // namespace
+
+void gather_from_sequence_forward(const TensorParallel& tp, const Tensor& local,
+                                  const Tensor& full) {
+  check_split(tp, local, full, "gather_from_sequence");
+  if (tp.active())
+    tp.comm->all_gather(local.f32(), full.f32(), local.numel());
+  else
+    std::copy_n(local.f32(), local.numel(), full.f32());
+}
+
+void gather_from_sequence_backward(const TensorParallel& tp, const Tensor& dfull,
+                                   const Tensor& dlocal) {
+  check_split(tp, dlocal, dfull, "gather_from_sequence backward");
+  if (tp.active())
+    tp.comm->reduce_scatter_sum(dfull.f32(), dlocal.f32(), dlocal.numel());
+  else
+    std::copy_n(dfull.f32(), dfull.numel(), dlocal.f32());
+}
+
+void reduce_scatter_to_sequence_forward(const TensorParallel& tp, const Tensor& full,
+                                        const Tensor& local) {
+  gather_from_sequence_backward(tp, full, local);
+}
+
+void reduce_scatter_to_sequence_backward(const TensorParallel& tp, const Tensor& dlocal,
+                                         const Tensor& dfull) {
+  gather_from_sequence_forward(tp, dlocal, dfull);
+}
+
+}  // namespace loom::nn

@@ -1,0 +1,56 @@
+// Tensor parallelism as Megatron-LM splits a layer: the ranks of one tensor-parallel group
+// each hold a slice of every large matrix, and activations move between "replicated" (every
+// rank holds all of x [N, C], N tokens) and "split" with four conjugate mappings. They are
+// the only places a TP layer communicates:
+//   copy_to_region        f: forward identity,  backward all-reduce of dx
+//                            (before column-parallel layers: their dx are partial sums)
+//   reduce_from_region    g: forward all-reduce, backward identity
+//                            (after a row-parallel layer: its outputs are partial sums)
+// With sequence parallel, replicated activations between the layers are split by token
+// rows instead (rank r holds rows [r N/tp, (r+1) N/tp)) and f, g become:
+//   gather_from_sequence   : forward all-gather of the rows,   backward reduce-scatter
+//   reduce_scatter_to_sequence: forward reduce-scatter,        backward all-gather
+// Each layer in a block calls the forward of a mapping in its forward and the backward of
+// the same mapping in its backward, so one grep for these names finds every TP collective.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "loom/dist/communicator.h"
+#include "loom/nn/parameter.h"
+#include "loom/tensor/tensor.h"
+
+namespace loom::nn {
+
+struct TensorParallel {
+  dist::Communicator* comm = nullptr;  // the tensor-parallel group; null: one rank
+  bool sequence_parallel = false;
+
+  int size() const { return comm ? comm->size() : 1; }
+  int rank() const { return comm ? comm->rank() : 0; }
+  bool active() const { return size() > 1; }
+  // An extent n split evenly: this rank's share and where it starts.
+  int64_t share(int64_t n) const { return n / size(); }
+  int64_t first(int64_t n) const { return rank() * share(n); }
+};
+
+// The rows of a vocabulary-split table [V, ...] this rank holds: V is padded up to a
+// multiple of tp and split evenly; the padding rows are held by nobody, so the last ranks
+// may hold fewer rows. Throws (naming `name`) when a rank would hold none.
+ShardSpec vocab_shard(int64_t V, const TensorParallel& tp, const std::string& name);
+
+// f and g on a buffer of n floats, in place (no-ops on one rank).
+void copy_to_region_backward(const TensorParallel& tp, const Tensor& dx);
+void reduce_from_region_forward(const TensorParallel& tp, const Tensor& y);
+// Sequence parallel: full [N, ...] <-> this rank's rows [N/tp, ...] (N divisible by tp).
+void gather_from_sequence_forward(const TensorParallel& tp, const Tensor& local,
+                                  const Tensor& full);
+void gather_from_sequence_backward(const TensorParallel& tp, const Tensor& dfull,
+                                   const Tensor& dlocal);
+void reduce_scatter_to_sequence_forward(const TensorParallel& tp, const Tensor& full,
+                                        const Tensor& local);
+void reduce_scatter_to_sequence_backward(const TensorParallel& tp, const Tensor& dlocal,
+                                         const Tensor& dfull);
+
+}  // namespace loom::nn
