@@ -17,7 +17,7 @@ class Embedding {
 
  private:
   Parameter* w_;
-  int64_t rows_, C_;
+  int64_t C_;
 };
 
 }  // namespace loom::nn
