@@ -8,12 +8,15 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 600
+# Seconds of fuzzing per target in `make fuzz-smoke` (part of `make test`), after its corpus.
+FUZZ_SMOKE_SECONDS ?= 5
 # Seconds one input may run before libFuzzer reports it as a timeout (its default is 1200).
 FUZZ_TIMEOUT ?= 30
 # Which targets to run (fuzz/fuzz_NAME.cpp), e.g. `make fuzz FUZZ_TARGETS=gguf`.
 FUZZ_TARGETS ?= $(patsubst fuzz/fuzz_%.cpp,%,$(wildcard fuzz/fuzz_*.cpp))
 
-.PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench fixtures check-demo-checkpoint fuzz format clean
+.PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench fixtures check-demo-checkpoint fuzz \
+  fuzz-smoke format clean
 
 all: build
 
@@ -42,11 +45,13 @@ demo-gpt2: build
 	  --prompt "The history of " --max-tokens 300 --temperature 0.8 --top-k 40
 
 # Every test (labels unit, golden and dist), then the parser and memory tests and the 2-rank
-# collectives again under AddressSanitizer + UBSan.
+# collectives again under AddressSanitizer + UBSan, then the fuzz targets built with clang
+# and run briefly (fuzz-smoke), so a change that breaks them fails here and in CI.
 test: build build-asan
 	@bash scripts/fetch_default_model.sh > /dev/null
 	cd $(BUILD) && OMP_NUM_THREADS=2 ctest --output-on-failure --timeout 600
 	$(MAKE) --no-print-directory test-asan
+	$(MAKE) --no-print-directory fuzz-smoke
 
 # The collectives and the ZeRO engine (2 ranks) run without leak checking: OpenMPI keeps ~120 KB of its own allocations (its
 # plugins') at exit.
@@ -80,13 +85,14 @@ check-demo-checkpoint: build
 	$(REF_VENV)/bin/python scripts/check_hf_tokenizer.py $(DEMO_OUT)-merged --gguf $$(bash scripts/fetch_default_model.sh)
 
 # libFuzzer + ASan/UBSan on every parser in fuzz/ (clang), FUZZ_SECONDS each (default 600),
-# seeded from tiny valid files (fuzz/make_seeds.py). Findings land in $(FUZZ_BUILD)/findings
-# and fail the target (the fuzzer's exit status, any artifact there, or a UBSan report in
-# the log); logs in $(FUZZ_BUILD)/logs.
+# seeded from tiny valid files (fuzz/make_seeds.py). Each target first runs every input of
+# its corpus ($(FUZZ_BUILD)/corpus/NAME: the seeds plus what earlier runs kept), then fuzzes.
+# Findings land in $(FUZZ_BUILD)/findings and fail the target (the fuzzer's exit status, any
+# artifact there, or a UBSan report in the log); logs in $(FUZZ_BUILD)/logs.
 fuzz: deps
 	@bash scripts/install_deps.sh --fuzz
 	@CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_FUZZ=ON -DLOOM_BUILD_TESTS=OFF > /dev/null
-	@cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(addprefix fuzz_,$(FUZZ_TARGETS))
 	@python3 fuzz/make_seeds.py $(FUZZ_BUILD)/seeds
 	@mkdir -p $(FUZZ_BUILD)/findings $(FUZZ_BUILD)/logs
 	@for t in $(FUZZ_TARGETS); do f=$(FUZZ_BUILD)/fuzz_$$t; \
@@ -99,6 +105,11 @@ fuzz: deps
 	     grep -q 'runtime error:' $(FUZZ_BUILD)/logs/$$t.log; then \
 	    tail -40 $(FUZZ_BUILD)/logs/$$t.log; \
 	    echo "fuzz $$t: finding (exit $$rc), see $(FUZZ_BUILD)/findings and $(FUZZ_BUILD)/logs/$$t.log"; exit 1; fi; done
+
+# The same recipe for a few seconds per target: a target that no longer compiles under clang,
+# or that crashes on its corpus or soon after, fails `make test`.
+fuzz-smoke:
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS)
 
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h')

@@ -270,7 +270,10 @@ void init_mpi_once() {
 
 }  // namespace
 
+// A constructor rather than an aggregate: std::make_unique<Handle>(comm) initialises with
+// parentheses, which for aggregates is C++20 (P0960) that clang 14 does not implement.
 struct MpiComm::Handle {
+  explicit Handle(MPI_Comm c) : comm(c) {}
   MPI_Comm comm;
 };
 

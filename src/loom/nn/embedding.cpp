@@ -11,7 +11,7 @@ namespace loom::nn {
 
 Embedding::Embedding(ParamStore& ps, const std::string& name, int64_t rows, int64_t C,
                      float init_std)
-    : rows_(rows), C_(C) {
+    : C_(C) {
   w_ = ps.add(name + ".weight", {rows, C}, ParamKind::Embedding, init_std);
 }
 

@@ -19,7 +19,7 @@ class Embedding {
 
  private:
   Parameter* w_;
-  int64_t rows_, C_;
+  int64_t C_;
 };
 
 // Megatron's VocabParallelEmbedding: rank r holds rows vocab_shard(V, tp) of the table [V, C]
