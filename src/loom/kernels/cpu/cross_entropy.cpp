@@ -91,13 +91,7 @@ double cross_entropy_backward(float* logits, const int32_t* targets, int64_t N, 
 void vp_row_max(const float* logits, int64_t N, int64_t Vl, double* mx) {
   prof::ScopedPhase ph(prof::Phase::Loss);
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* x = logits + n * Vl;
-    float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-    for (int64_t i = 0; i < Vl; ++i) m = std::max(m, x[i]);
-    mx[n] = m;
-  }
+  for (int64_t n = 0; n < N; ++n) mx[n] = row_max(logits + n * Vl, Vl);
 }
 
 void vp_row_partials(const float* logits, const int32_t* targets, int64_t N, int64_t Vl, int64_t v0,

@@ -1,0 +1,240 @@
+// Tensor parallelism against one process, on real ranks (ctest label `dist`, mpirun -np 2
+// and 4): the world is split into tp groups by the process mesh, every group builds the
+// model split over its ranks, and every rank also builds the whole model alone. Both get
+// the same full-tensor weights (the TP model's shards cut from them), then one forward
+// and backward of the same batch must give
+//   - the logits: this rank's vocabulary columns equal the whole model's (1e-5 relative);
+//   - the loss sum (1e-5 relative);
+//   - every gradient: this rank's shard equals that slice of the whole model's (1e-5).
+// Cases: GPT-2 (tied head, fused c_attn) at tp2 and tp4; Llama with GQA (2 KV heads: split
+// at tp2, replicated at tp4) on packed rows; Qwen2-style (q/k/v bias, untied head) with a
+// vocabulary of 250 (padded at tp4); GPT-2 with a vocabulary of 250 at tp4.
+// The vocab-parallel pieces have their own checks: VocabParallelEmbedding against
+// nn::Embedding, and finite differences of the vocab-parallel loss through the head.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <tuple>
+
+#include "common/test_util.h"
+#include "loom/dist/communicator.h"
+#include "loom/dist/mesh.h"
+#include "loom/kernels/cpu/cross_entropy.h"
+#include "loom/models/gpt2.h"
+#include "loom/models/llama.h"
+#include "loom/nn/embedding.h"
+#include "loom/nn/lm_head.h"
+
+namespace loom {
+namespace {
+
+dist::Communicator* g_world = nullptr;
+
+// A full tensor, the same on every rank, keyed by the parameter's name (norm weights ~1).
+Tensor full_values(const nn::Parameter& p) {
+  Tensor t = Tensor::zeros(p.full_shape);
+  test::fill_normal(t, stream_id(p.name) % 100000, p.kind == nn::ParamKind::Norm ? 0.1f : 0.3f);
+  if (p.kind == nn::ParamKind::Norm && p.name.find("bias") == std::string::npos)
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] += 1.0f;
+  return t;
+}
+
+void set_weights(models::CausalLM& m) {
+  for (auto& p : m.params().all()) {
+    Tensor full = full_values(*p);
+    if (p->shard.sharded())
+      nn::shard_from_full(*p, full.f32(), p->value.f32());
+    else
+      p->value.copy_from(full);
+  }
+}
+
+struct Case {
+  std::string name;
+  nlohmann::json config;  // HF config.json
+  int tp;
+  bool packed;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+std::unique_ptr<models::CausalLM> build(const nlohmann::json& c, const nn::TensorParallel& tp) {
+  if (c["model_type"] == "gpt2")
+    return std::make_unique<models::GPT2>(models::GPT2Config::from_hf(c, "test"), tp);
+  return std::make_unique<models::Llama>(models::LlamaConfig::from_hf(c, "test"), tp);
+}
+
+nlohmann::json gpt2(int64_t vocab) {
+  return {{"model_type", "gpt2"}, {"vocab_size", vocab}, {"n_positions", 32},
+          {"n_embd", 32},         {"n_layer", 2},        {"n_head", 4}};
+}
+
+nlohmann::json llama(const std::string& type, int64_t vocab, bool tied) {
+  return {{"model_type", type},          {"vocab_size", vocab},
+          {"hidden_size", 32},           {"intermediate_size", 48},
+          {"num_hidden_layers", 2},      {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},    {"max_position_embeddings", 32},
+          {"tie_word_embeddings", tied}, {"attention_bias", type == "llama"}};
+}
+
+class TensorParallelEquivalence : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TensorParallelEquivalence, LogitsLossAndGradientsEqualOneProcess) {
+  const Case& c = GetParam();
+  if (g_world->size() % c.tp != 0) GTEST_SKIP() << "world " << g_world->size();
+  dist::ProcessMesh mesh(*g_world, c.tp, 1);
+  const nn::TensorParallel tp{&mesh.tp(), false};
+  auto one = build(c.config, {});
+  auto split = build(c.config, tp);
+  set_weights(*one);
+  set_weights(*split);
+
+  const int64_t B = 2, T = 12, V = one->vocab_size();
+  Tensor ids = Tensor::zeros({B, T}, DType::I32), tg = Tensor::zeros({B, T}, DType::I32);
+  Tensor pos = Tensor::zeros({B, T}, DType::I32);
+  for (int64_t i = 0; i < B * T; ++i) {
+    ids.i32()[i] = static_cast<int32_t>((i * 37 + 5) % V);
+    tg.i32()[i] = i % 5 == 4 ? kernels::kIgnoreIndex : static_cast<int32_t>((i * 11 + 3) % V);
+    pos.i32()[i] = static_cast<int32_t>(i % T < 5 ? i % T : i % T - 5);  // two packed samples
+  }
+  const Tensor p = c.packed ? pos : Tensor();
+  const Tensor& ref = one->forward(ids, p);
+  const Tensor& got = split->forward(ids, p);
+  const int64_t Vl = got.dim(2);
+  const int64_t v0 = dynamic_cast<models::Decoder&>(*split).vocab_first();
+  std::vector<float> want(B * T * Vl);
+  for (int64_t r = 0; r < B * T; ++r)
+    for (int64_t j = 0; j < Vl; ++j) want[r * Vl + j] = ref.f32()[r * V + v0 + j];
+  EXPECT_LT(test::rel_err(got.f32(), want.data(), B * T * Vl), 1e-5) << "logits";
+
+  const float scale = 1.0f / static_cast<float>(kernels::count_targets(tg.i32(), B * T));
+  one->params().zero_grads();
+  split->params().zero_grads();
+  const double l1 = one->backward(tg, scale), l2 = split->backward(tg, scale);
+  EXPECT_LT(std::fabs(l1 - l2) / l1, 1e-5) << l1 << " vs " << l2;
+
+  for (auto& q : split->params().all()) {
+    const nn::Parameter* r = one->params().find(q->name);
+    ASSERT_NE(r, nullptr) << q->name;
+    std::vector<float> slice(q->grad.numel());
+    if (q->shard.sharded())
+      nn::shard_from_full(*q, r->grad.f32(), slice.data());
+    else
+      std::copy_n(r->grad.f32(), slice.size(), slice.data());
+    const double err = test::rel_err(q->grad.f32(), slice.data(), q->grad.numel());
+    // GPT-2's key bias gradient is exactly zero on both sides (rel_err of 0 vs 0 is 0).
+    EXPECT_LT(err, 1e-5) << q->name << " (rank " << g_world->rank() << ")";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, TensorParallelEquivalence,
+    ::testing::Values(Case{"gpt2_tp2", gpt2(256), 2, false}, Case{"gpt2_tp4", gpt2(256), 4, false},
+                      Case{"llama_gqa_tp2", llama("llama", 256, true), 2, true},
+                      Case{"llama_gqa_tp4_kv_replicated", llama("llama", 256, true), 4, true},
+                      Case{"qwen2_untied_v250_tp2", llama("qwen2", 250, false), 2, false},
+                      Case{"qwen2_untied_v250_tp4", llama("qwen2", 250, false), 4, false},
+                      Case{"gpt2_v250_tp4", gpt2(250), 4, false}),
+    [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+// The vocab-parallel table looks up and scatters exactly as the whole table does.
+TEST(VocabParallelEmbedding, EqualsTheWholeTable) {
+  const nn::TensorParallel tp{g_world, false};
+  const int64_t V = 23, C = 5, N = 9;  // 23 rows: padded to a multiple of the ranks
+  nn::ParamStore ps1, ps2;
+  nn::Embedding whole(ps1, "wte", V, C, 0.02f);
+  nn::VocabParallelEmbedding split(ps2, "wte", V, C, 0.02f, tp);
+  ps1.materialize();
+  ps2.materialize();
+  ps1.init(3);
+  ps2.init(3);  // keyed by full index: the shard holds the whole table's rows
+  std::vector<int32_t> ids(N);
+  for (int64_t n = 0; n < N; ++n) ids[n] = static_cast<int32_t>((n * 7 + 2) % V);
+  Tensor a = Tensor::zeros({N, C}), b = Tensor::zeros({N, C});
+  whole.forward(ids.data(), N, a, false);
+  split.forward(ids.data(), N, b);
+  EXPECT_EQ(0, std::memcmp(a.raw(), b.raw(), a.nbytes()));
+  Tensor dout = Tensor::zeros({N, C});
+  test::fill_normal(dout, 4);
+  whole.backward(ids.data(), N, dout);
+  split.backward(ids.data(), N, dout);
+  const nn::Parameter& w = *split.weight();
+  std::vector<float> slice(w.grad.numel());
+  nn::shard_from_full(w, whole.weight()->grad.f32(), slice.data());
+  EXPECT_EQ(0, std::memcmp(slice.data(), w.grad.raw(), w.grad.nbytes()));
+  // Out-of-vocabulary ids are refused by name on every rank.
+  ids[3] = static_cast<int32_t>(V);
+  EXPECT_NE(test::error_of([&] { split.forward(ids.data(), N, b); }).find("outside the vocabulary"),
+            std::string::npos);
+}
+
+// Finite differences of the vocab-parallel loss (summed over the ranks' rows alike) with
+// respect to the head input h and this rank's head rows.
+TEST(VocabParallelCrossEntropy, GradientsMatchFiniteDifferences) {
+  const nn::TensorParallel tp{g_world, false};
+  const int64_t V = 19, C = 6, N = 7;
+  nn::ParamStore ps;
+  nn::Parameter* w = ps.add("lm_head.weight", {V, C}, nn::ParamKind::Weight, 0.5f, 0.0f,
+                            tp.active() ? nn::vocab_shard(V, tp, "lm_head") : nn::ShardSpec{});
+  ps.materialize();
+  ps.init(5);
+  nn::LMHead head(w, V, tp);
+  Tensor h = Tensor::zeros({N, C}), dh = Tensor::zeros({N, C});
+  test::fill_normal(h, 6);
+  Tensor tg = Tensor::zeros({N}, DType::I32);
+  for (int64_t n = 0; n < N; ++n)
+    tg.i32()[n] = n == 2 ? kernels::kIgnoreIndex : static_cast<int32_t>((n * 5 + 1) % V);
+  auto loss = [&] {
+    head.forward(h);
+    Tensor scratch = Tensor::zeros({N, C});
+    Tensor g = Tensor::zeros(w->grad.shape());
+    g.copy_from(w->grad);
+    const double l = head.backward(tg, 1.0f, scratch);
+    w->grad.copy_from(g);
+    return l;
+  };
+  head.forward(h);
+  ps.zero_grads();
+  const double l0 = head.backward(tg, 1.0f, dh);
+  EXPECT_GT(l0, 0.0);
+  // Same direction on every rank for h (replicated); this rank's own rows for W.
+  for (const auto& [value, grad, what] :
+       {std::tuple{h, dh, "h"}, std::tuple{w->value, w->grad, "W"}}) {
+    Tensor v = Tensor::zeros(value.shape());
+    test::fill_normal(v, 9);
+    const double analytic = test::dot(grad, v);
+    Tensor saved = Tensor::zeros(value.shape());
+    saved.copy_from(value);
+    const float eps = 1e-2f;
+    for (int64_t i = 0; i < v.numel(); ++i) value.f32()[i] = saved.f32()[i] + eps * v.f32()[i];
+    const double lp = loss();
+    for (int64_t i = 0; i < v.numel(); ++i) value.f32()[i] = saved.f32()[i] - eps * v.f32()[i];
+    const double lm = loss();
+    value.copy_from(saved);
+    const double fd = (lp - lm) / (2.0 * eps);
+    // Every rank moves its own rows of W at once, so the loss moves by the sum of the
+    // ranks' analytic parts.
+    double an = analytic;
+    if (std::string(what) == "W") g_world->all_reduce_sum(&an, 1);
+    EXPECT_LT(std::fabs(fd - an) / std::max(std::fabs(an), 1e-3), 2e-2)
+        << what << ": finite difference " << fd << " vs backward " << an;
+  }
+}
+
+}  // namespace
+}  // namespace loom
+
+int main(int argc, char** argv) {
+  std::unique_ptr<loom::dist::Communicator> world = loom::dist::make_world_communicator();
+  loom::g_world = world.get();
+  ::testing::InitGoogleTest(&argc, argv);
+  if (world->rank() != 0) {  // one rank reports; the others' failures still fail the job
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  const int rc = RUN_ALL_TESTS();
+  double worst = rc;
+  world->all_reduce_max(&worst);
+  return worst != 0 ? 1 : 0;
+}
