@@ -15,6 +15,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "common/dist_main.h"
 #include "common/test_util.h"
 #include "loom/dist/communicator.h"
 #include "loom/io/safetensors.h"
@@ -225,13 +226,5 @@ TEST(ZeroResume, Stage3CheckpointContinuesOnOneProcessAndAtStage2) {
 int main(int argc, char** argv) {
   std::unique_ptr<loom::dist::Communicator> world = loom::dist::make_world_communicator();
   loom::g_world = world.get();
-  ::testing::InitGoogleTest(&argc, argv);
-  if (world->rank() != 0) {  // one rank reports; the others' failures still fail the job
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int rc = RUN_ALL_TESTS();
-  double worst = rc;
-  world->all_reduce_max(&worst);
-  return worst != 0 ? 1 : 0;
+  return loom::test::run_tests_on_every_rank(argc, argv, *world);
 }
