@@ -63,7 +63,6 @@ class Decoder : public CausalLM {
   int unit_of(const std::string& param_name) const override;
   // The logits' first column in the full vocabulary (0 unless tensor-parallel).
   int64_t vocab_first() const { return head_->vocab_first(); }
-  const nn::TensorParallel& tensor_parallel() const { return spec_.tp; }
 
  protected:
   // Declares every parameter (materialized; values zero until init or load).
