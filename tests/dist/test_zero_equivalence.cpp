@@ -8,16 +8,22 @@
 //   - LoRA under ZeRO-3: the adapter folder it saves holds the full tensors and equals the
 //     one-process adapter;
 //   - resume: a ZeRO-3 checkpoint after 10 steps continues on one process, at ZeRO-2 on the
-//     same ranks, and (saved on 4) at ZeRO-2 on 2 ranks, exactly as the uninterrupted run.
+//     same ranks, and (saved on 4) at ZeRO-2 on 2 ranks, exactly as the uninterrupted run;
+//   - tensor parallelism: GPT-2 (tied) at tp2 and tp4, Llama GQA at tp2 and tp4 (key/value
+//     heads replicated), Qwen2 (q/k/v bias, untied) at tp2, and tp2 with ZeRO 1, 2, 3 over
+//     the dp group (tp2 x dp2 on 4 ranks), the same 20 steps; a tp2 (x dp2) checkpoint
+//     resumed on one process, at tp4 and at ZeRO-2.
 // The one-process reference runs on rank 0 alone (a LocalComm) while the others wait.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <fstream>
+#include <map>
 
 #include "common/dist_main.h"
 #include "common/test_util.h"
 #include "loom/dist/communicator.h"
+#include "loom/dist/mesh.h"
 #include "loom/io/safetensors.h"
 #include "loom/train/trainer.h"
 #include "loom/train/verify.h"
@@ -59,6 +65,8 @@ nlohmann::json base_config(const std::string& arch) {
   if (arch == "gpt2")
     model = {{"arch", "gpt2"}, {"n_layer", 2},      {"n_embd", 32},
              {"n_head", 4},    {"vocab_size", 256}, {"n_positions", 64}};
+  else if (arch == "qwen2")
+    model = (test::fixture_dir() / "qwen2_tiny").string();  // q/k/v bias, untied head
   else
     model = (test::fixture_dir() / "llama_tiny").string();  // GQA, tied, llama3 rope
   return {{"model", model},
@@ -83,22 +91,25 @@ nlohmann::json base_config(const std::string& arch) {
 
 using Trained = train::RunRecord;
 
-// Trains `steps` steps (from a checkpoint when the config says so) on `comm`.
+// Trains `steps` steps (from a checkpoint when the config says so) on `comm`, at the
+// config's tensor-parallel size (the rest of the ranks data-parallel).
 Trained train(nlohmann::json j, dist::Communicator& comm, int64_t steps,
               const fs::path& save_to = {}) {
-  // Global batch 12: 2 micro-batches of 12 / (2 * world) per rank; with 4 ranks, one of 3.
-  const int world = comm.size();
-  if (12 % (2 * world) != 0) {
+  // Global batch 12: 2 micro-batches of 12 / (2 * dp) per rank; with dp 4, one of 3.
+  const int tp = j.contains("tensor_parallel") ? j["tensor_parallel"].value("size", 1) : 1;
+  const int dp = comm.size() / tp;
+  if (12 % (2 * dp) != 0) {
     j.erase("gradient_accumulation_steps");
-    j["train_micro_batch_size_per_gpu"] = 12 / world;
+    j["train_micro_batch_size_per_gpu"] = 12 / dp;
   }
-  train::TrainConfig cfg = train::parse_config(j, "test", world);
-  train::Trainer t(cfg, nullptr, &comm);
+  train::TrainConfig cfg = train::parse_config(j, "test", comm.size());
+  dist::ProcessMesh mesh(comm, cfg.tensor_parallel, 1);
+  train::Trainer t(cfg, nullptr, &mesh);
   Trained r = train::record_run(t, steps);
   if (t.engine().stage() == 3) {  // collective; only the root then holds the whole model
     t.engine().gather_all(0);
     for (auto& p : t.model().params().all()) {
-      if (p->trainable && comm.rank() != 0) {
+      if (p->trainable && mesh.dp_rank() != 0) {
         EXPECT_FALSE(p->value.defined()) << p->name << " on rank " << comm.rank();
       }
     }
@@ -131,7 +142,12 @@ void expect_same(const Trained& ref, const Trained& got, size_t first_step,
   for (const auto& [name, v] : ref.params) {
     const auto& w = got.params.at(name);
     ASSERT_EQ(v.size(), w.size()) << name;
-    EXPECT_LE(test::rel_err(w.data(), v.data(), v.size()), 1e-5) << what << ": " << name;
+    // A separate key bias (Qwen2's k_proj.bias) has an exactly zero gradient: softmax does
+    // not change when every score of a row gains the same q.b_k. Its computed gradient is
+    // round-off (~1e-10), which AdamW divides by its own root mean square, so its path is
+    // summation-order noise of up to lr per step in every layout; it gets 1e-3.
+    const double tol = name.ends_with("k_proj.bias") ? 1e-3 : 1e-5;
+    EXPECT_LE(test::rel_err(w.data(), v.data(), v.size()), tol) << what << ": " << name;
   }
 }
 
@@ -218,6 +234,75 @@ TEST(ZeroResume, Stage3CheckpointContinuesOnOneProcessAndAtStage2) {
     g_world->barrier();
     expect_same(ref, on_two, 10, "ZeRO-3 checkpoint from 4 ranks resumed at ZeRO-2 on 2");
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tensor parallelism (alone, and with data parallelism and ZeRO over the dp group).
+
+// The one-process run of each base config, computed once.
+const Trained& reference_of(const std::string& arch) {
+  static std::map<std::string, Trained> refs;
+  auto it = refs.find(arch);
+  if (it == refs.end()) it = refs.emplace(arch, reference(base_config(arch))).first;
+  return it->second;
+}
+
+struct TpCase {
+  std::string name, arch;
+  int tp;
+  bool sequence_parallel;
+  int zero_stage;
+};
+void PrintTo(const TpCase& c, std::ostream* os) { *os << c.name; }
+
+nlohmann::json tp_config(const TpCase& c) {
+  nlohmann::json j = base_config(c.arch);
+  j["tensor_parallel"] = {{"size", c.tp}, {"sequence_parallel", c.sequence_parallel}};
+  j["zero_optimization"] = {{"stage", c.zero_stage}};
+  return j;
+}
+
+class TensorParallelTraining : public ::testing::TestWithParam<TpCase> {};
+
+// 20 steps, accumulation 2, clipping: every loss, gradient norm, eval loss and final full
+// parameter within 1e-5 of one process. With 4 ranks, tp2 runs as tp2 x dp2.
+TEST_P(TensorParallelTraining, EqualsOneProcess) {
+  const TpCase& c = GetParam();
+  if (g_world->size() % c.tp != 0) GTEST_SKIP() << "world " << g_world->size();
+  const Trained& ref = reference_of(c.arch);
+  const Trained got = train(tp_config(c), *g_world, 20);
+  expect_same(ref, got, 0, c.name + " on " + std::to_string(g_world->size()) + " ranks");
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelTraining,
+                         ::testing::Values(TpCase{"gpt2_tp2", "gpt2", 2, false, 0},
+                                           TpCase{"gpt2_tp4", "gpt2", 4, false, 0},
+                                           TpCase{"llama_gqa_tp2", "llama", 2, false, 0},
+                                           TpCase{"llama_gqa_tp4_kv_replicated", "llama", 4, false,
+                                                  0},
+                                           TpCase{"qwen2_tp2", "qwen2", 2, false, 0},
+                                           TpCase{"gpt2_tp2_zero1", "gpt2", 2, false, 1},
+                                           TpCase{"llama_tp2_zero2", "llama", 2, false, 2},
+                                           TpCase{"llama_tp2_zero3", "llama", 2, false, 3}),
+                         [](const ::testing::TestParamInfo<TpCase>& i) { return i.param.name; });
+
+// A checkpoint saved at tp2 (x dp2 on 4 ranks) after 10 steps continues on one process and
+// at tp4 exactly as the uninterrupted run: model and optimizer state in full coordinates.
+TEST(TensorParallelResume, Tp2CheckpointContinuesOnOneProcessAndAtTp4) {
+  if (g_world->size() % 2 != 0) GTEST_SKIP() << "world " << g_world->size();
+  const Trained& ref = reference_of("llama");
+  const fs::path ck = job_dir() / "tp-resume-ck";
+  train(tp_config({"", "llama", 2, false, 1}), *g_world, 10, ck);
+  nlohmann::json jr = base_config("llama");
+  jr["resume_from"] = ck.string();
+  expect_same(ref, reference(jr), 10, "tp2 checkpoint resumed on 1 process");
+  if (g_world->size() % 4 == 0) {
+    jr["tensor_parallel"] = {{"size", 4}};
+    expect_same(ref, train(jr, *g_world, 20), 10, "tp2 checkpoint resumed at tp4");
+  }
+  jr["tensor_parallel"] = {{"size", 1}};
+  jr["zero_optimization"] = {{"stage", 2}};
+  expect_same(ref, train(jr, *g_world, 20), 10, "tp2 checkpoint resumed at ZeRO-2");
 }
 
 }  // namespace

@@ -96,7 +96,7 @@ TEST(Verify, OneProcessConfigKeepsTheGlobalBatch) {
   const train::TrainConfig job = train::parse_config(j, "test", 3);
   ASSERT_EQ(job.grad_accum, 2);
   const train::TrainConfig one =
-      train::parse_config(train::one_process_config(job, 3), "test (one process)", 1);
+      train::parse_config(train::one_process_config(job), "test (one process)", 1);
   EXPECT_EQ(one.train_batch, 12);
   EXPECT_EQ(one.micro_batch, 2);
   EXPECT_EQ(one.grad_accum, 6);

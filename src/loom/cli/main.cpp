@@ -112,15 +112,14 @@ int64_t to_int(const std::string& s, const char* what) {
   throw UsageError(std::string(what) + ": '" + s + "' is not an integer");
 }
 
-// Runs fn(mesh) as this process's part of the job (mpirun -np N loom ..., or loom launch;
-// pp = tp = 1 for now). A rank that fails ends the whole job (MPI_Abort) after saying which
-// rank and why, so no other rank waits in a collective.
+// Runs fn(world) as this process's part of the job (mpirun -np N loom ..., or loom launch).
+// A rank that fails ends the whole job (MPI_Abort) after saying which rank and why, so no
+// other rank waits in a collective.
 template <class Fn>
 int on_every_rank(Fn&& fn) {
   std::unique_ptr<loom::dist::Communicator> world = loom::dist::make_world_communicator();
   try {
-    loom::dist::ProcessMesh mesh(*world, /*tp=*/1, /*pp=*/1);
-    return fn(mesh);
+    return fn(*world);
   } catch (const std::exception& e) {
     if (world->size() == 1) throw;
     std::fprintf(stderr, "loom: rank %d of %d: error: %s\n", world->rank(), world->size(),
@@ -131,15 +130,17 @@ int on_every_rank(Fn&& fn) {
   return 1;  // not reached: abort() ends the job
 }
 
-// loom train: every rank builds the same model and trains its slice of each global batch.
+// loom train: every rank builds its part of the model (its tensor-parallel shards) and
+// trains its data-parallel slice of each global batch.
 int cmd_train(const Args& a) {
   a.only({"--set"});
   if (a.positional.size() != 1) throw UsageError("train takes one CONFIG.json");
   std::vector<std::string> sets;
   for (auto& [k, v] : a.flags) sets.push_back(v);
-  return on_every_rank([&](loom::dist::ProcessMesh& mesh) {
-    loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, mesh.shape().dp);
-    loom::train::Trainer trainer(cfg, nullptr, &mesh.dp());
+  return on_every_rank([&](loom::dist::Communicator& world) {
+    loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, world.size());
+    loom::dist::ProcessMesh mesh(world, cfg.tensor_parallel, /*pp=*/1);
+    loom::train::Trainer trainer(cfg, nullptr, &mesh);
     trainer.run();
     return 0;
   });
@@ -153,13 +154,14 @@ int cmd_verify(const Args& a) {
   std::vector<std::string> sets;
   for (auto& [k, v] : a.flags)
     if (k == "--set") sets.push_back(v);
-  return on_every_rank([&](loom::dist::ProcessMesh& mesh) {
-    loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, mesh.shape().dp);
+  return on_every_rank([&](loom::dist::Communicator& world) {
+    loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, world.size());
+    loom::dist::ProcessMesh mesh(world, cfg.tensor_parallel, /*pp=*/1);
     const int64_t steps = a.get("--steps") ? to_int(*a.get("--steps"), "--steps")
                                            : std::min<int64_t>(cfg.train_steps, 10);
     const double rtol = a.get("--rtol") ? to_float(*a.get("--rtol"), "--rtol") : 1e-5;
-    const bool equal = loom::train::verify(cfg, mesh.dp(), steps, rtol).equal;
-    return equal || mesh.dp().rank() != 0 ? 0 : 1;
+    const bool equal = loom::train::verify(cfg, mesh, steps, rtol).equal;
+    return equal || world.rank() != 0 ? 0 : 1;
   });
 }
 

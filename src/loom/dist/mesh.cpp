@@ -64,8 +64,10 @@ std::vector<int> mesh_group(MeshAxis axis, int rank, MeshShape s) {
   return group;
 }
 
-ProcessMesh::ProcessMesh(const Communicator& world, int tp, int pp)
-    : shape_(mesh_shape(world.size(), tp, pp)), coord_(mesh_coord(world.rank(), shape_)) {
+ProcessMesh::ProcessMesh(Communicator& world, int tp, int pp)
+    : world_(world),
+      shape_(mesh_shape(world.size(), tp, pp)),
+      coord_(mesh_coord(world.rank(), shape_)) {
   // Color: the group's first world rank (one per group); key: the coordinate along the axis,
   // so the group rank is that coordinate.
   auto make = [&](MeshAxis axis) {

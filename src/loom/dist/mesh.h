@@ -40,8 +40,9 @@ std::vector<int> mesh_group(MeshAxis axis, int rank, MeshShape shape);
 class ProcessMesh {
  public:
   // Collective over `world`: splits it into this rank's dp, pp and tp groups.
-  ProcessMesh(const Communicator& world, int tp, int pp);
+  ProcessMesh(Communicator& world, int tp, int pp);
 
+  Communicator& world() const { return world_; }  // every rank of the job
   const MeshShape& shape() const { return shape_; }
   const MeshCoord& coord() const { return coord_; }
   int dp_rank() const { return coord_.dp; }
@@ -56,6 +57,7 @@ class ProcessMesh {
   Communicator& tp() { return *tp_; }
 
  private:
+  Communicator& world_;
   MeshShape shape_;
   MeshCoord coord_;
   std::unique_ptr<Communicator> dp_, pp_, tp_;

@@ -36,20 +36,42 @@ nlohmann::json read_json_file(const fs::path& path) {
   }
 }
 
-std::unique_ptr<models::CausalLM> load_hf_model(const fs::path& dir) {
+std::unique_ptr<models::CausalLM> load_hf_model(const fs::path& dir, const nn::TensorParallel& tp) {
   LOOM_CHECK(fs::is_directory(dir), dir.string() +
                                         ": not a model folder (expected config.json "
                                         "and model.safetensors inside)");
   auto model =
-      models::make_model(read_json_file(dir / "config.json"), (dir / "config.json").string());
+      models::make_model(read_json_file(dir / "config.json"), (dir / "config.json").string(), tp);
   load_hf_weights(*model, dir);
   return model;
+}
+
+void read_param(const SafetensorsCheckpoint& ck, const std::string& key,
+                const models::CausalLM& model, nn::Parameter& p) {
+  const bool transposed = model.hf_transposed(p);
+  if (!transposed && !p.shard.sharded()) return ck.read_f32(key, p.shape, p.value.f32());
+  // The full tensor, in our layout, then this rank's slice of it.
+  const Shape& full = p.full_shape;
+  std::vector<float> tmp(shape_numel(full));
+  if (transposed) {
+    const int64_t rows = full[0], cols = full[1];  // ours [out, in]; HF [in, out]
+    std::vector<float> hf(tmp.size());
+    const int64_t hf_shape[2] = {cols, rows};
+    ck.read_f32(key, hf_shape, hf.data());
+    for (int64_t i = 0; i < cols; ++i)
+      for (int64_t o = 0; o < rows; ++o) tmp[o * cols + i] = hf[i * rows + o];
+  } else {
+    ck.read_f32(key, full, tmp.data());
+  }
+  if (p.shard.sharded())
+    nn::shard_from_full(p, tmp.data(), p.value.f32());
+  else
+    std::copy(tmp.begin(), tmp.end(), p.value.f32());
 }
 
 void load_hf_weights(models::CausalLM& model, const fs::path& file_or_dir) {
   SafetensorsCheckpoint ck = SafetensorsCheckpoint::open(file_or_dir);
   std::vector<std::string> used;
-  std::vector<float> tmp;
   for (auto& p : model.params().all()) {
     // save_pretrained of *LMHeadModel prefixes "transformer."; hub GPT-2 files do not.
     std::string name = p->name;
@@ -57,17 +79,7 @@ void load_hf_weights(models::CausalLM& model, const fs::path& file_or_dir) {
     LOOM_CHECK(ck.find(name),
                file_or_dir.string() + ": tensor '" + p->name + "' is missing from the checkpoint");
     used.push_back(name);
-    float* dst = p->value.f32();
-    if (model.hf_transposed(*p)) {
-      const int64_t rows = p->shape[0], cols = p->shape[1];  // ours [out, in]; HF [in, out]
-      tmp.resize(rows * cols);
-      const int64_t hf_shape[2] = {cols, rows};
-      ck.read_f32(name, hf_shape, tmp.data());
-      for (int64_t i = 0; i < cols; ++i)
-        for (int64_t o = 0; o < rows; ++o) dst[o * cols + i] = tmp[i * rows + o];
-    } else {
-      ck.read_f32(name, p->shape, dst);
-    }
+    read_param(ck, name, model, *p);
   }
   std::vector<std::string> extra;
   for (const auto& n : ck.names()) {
@@ -153,6 +165,8 @@ void save_hf_checkpoint(models::CausalLM& model, const fs::path& dir,
     std::vector<StWriteTensor> tensors;
     for (auto& p : model.params().all()) {
       if (p->adapter) continue;
+      LOOM_CHECK(p->shape == p->full_shape,
+                 "internal: " + p->name + " is a tensor-parallel shard; gather it before saving");
       StWriteTensor t;
       t.name = p->name;
       t.dtype = StDType::F32;

@@ -17,7 +17,14 @@
 
 namespace loom::io {
 
-std::unique_ptr<models::CausalLM> load_hf_model(const std::filesystem::path& dir);
+class SafetensorsCheckpoint;
+
+std::unique_ptr<models::CausalLM> load_hf_model(const std::filesystem::path& dir,
+                                                const nn::TensorParallel& tp = {});
+// Fills p from the checkpoint's tensor `key` (its full shape; transposed when the model
+// says HF stores p transposed), keeping this rank's shard of it.
+void read_param(const SafetensorsCheckpoint& ck, const std::string& key,
+                const models::CausalLM& model, nn::Parameter& p);
 void load_hf_weights(models::CausalLM& model, const std::filesystem::path& file_or_dir);
 // tokenizer_from: the model the weights came from; its tokenizer files go in beside the
 // weights (write_tokenizer_files).

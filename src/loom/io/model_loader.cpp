@@ -17,9 +17,40 @@ namespace fs = std::filesystem;
 
 bool is_gguf(const fs::path& p) { return p.extension() == ".gguf"; }
 
+namespace {
+
+// This rank's shard of a quantized [rows, cols] weight, still in its blocks: whole rows
+// (column-parallel) or, per row, a run of whole blocks (row-parallel).
+QuantMatrix shard_of(const QuantMatrix& q, const nn::Parameter& p, const fs::path& file) {
+  if (!p.shard.sharded()) return q;
+  const nn::ShardSpec& s = p.shard;
+  const int64_t bs = ggml_block_size(q.type), tb = ggml_type_size(q.type);
+  if (s.dim == 0) {
+    QuantMatrix out = QuantMatrix::empty(q.type, s.parts * s.size, q.cols);
+    const int64_t block_rows = q.rows / s.parts, rb = static_cast<int64_t>(q.row_bytes());
+    for (int part = 0; part < s.parts; ++part)
+      std::copy_n(q.bytes.data() + (part * block_rows + s.offset) * rb, s.size * rb,
+                  out.bytes.data() + part * s.size * rb);
+    return out;
+  }
+  LOOM_CHECK(s.offset % bs == 0 && s.size % bs == 0,
+             file.string() + ": " + p.name + " is kept in " + ggml_type_name(q.type) +
+                 " blocks of " + std::to_string(bs) + " columns, which its tensor-parallel " +
+                 "slice (columns " + std::to_string(s.offset) + "+" + std::to_string(s.size) +
+                 ") does not split on; use another tensor_parallel.size or keep_quantized false");
+  QuantMatrix out = QuantMatrix::empty(q.type, q.rows, s.size);
+  const int64_t first = s.offset / bs * tb, n = s.size / bs * tb;
+  for (int64_t r = 0; r < q.rows; ++r)
+    std::copy_n(q.bytes.data() + r * q.row_bytes() + first, n,
+                out.bytes.data() + r * out.row_bytes());
+  return out;
+}
+
+}  // namespace
+
 std::unique_ptr<models::CausalLM> load_gguf_model(const fs::path& file, const LoadOptions& opt) {
   GgufFile f = GgufFile::open(file);
-  auto model = models::make_model(gguf_hf_config(f), file.string());
+  auto model = models::make_model(gguf_hf_config(f), file.string(), opt.tp);
   auto keep_f32 = [&](const std::string& hf_name) {
     const std::string module = hf_name.substr(0, hf_name.rfind('.'));
     for (const std::string& m : opt.keep_f32_modules)
@@ -36,13 +67,17 @@ std::unique_ptr<models::CausalLM> load_gguf_model(const fs::path& file, const Lo
       unused.push_back(t.name);
       continue;
     }
-    LOOM_CHECK(t.hf_shape() == p->shape, file.string() + ": tensor '" + t.name + "' (" + hf +
-                                             ") has shape " + shape_str(t.hf_shape()) +
-                                             " vs expected " + shape_str(p->shape));
+    LOOM_CHECK(t.hf_shape() == p->full_shape, file.string() + ": tensor '" + t.name + "' (" + hf +
+                                                  ") has shape " + shape_str(t.hf_shape()) +
+                                                  " vs expected " + shape_str(p->full_shape));
     if (opt.keep_quantized && t.ne.size() == 2 && t.type != GgmlType::F32 && !keep_f32(hf)) {
-      p->quant = std::make_shared<const QuantMatrix>(read_hf_quant(f, t));
+      p->quant = std::make_shared<const QuantMatrix>(shard_of(read_hf_quant(f, t), *p, file));
       p->trainable = false;
       ++n_quantized;
+    } else if (p->shard.sharded()) {
+      std::vector<float> full(shape_numel(p->full_shape));
+      read_hf_tensor(f, t, full.data());
+      nn::shard_from_full(*p, full.data(), p->value.f32());
     } else {
       read_hf_tensor(f, t, p->value.f32());
     }
@@ -63,7 +98,7 @@ std::unique_ptr<models::CausalLM> load_model(const fs::path& path, const LoadOpt
   const fs::path p = expand_user(path);
   if (is_adapter_folder(p)) return load_adapter_model(p, opt);
   if (is_gguf(p)) return load_gguf_model(p, opt);
-  return load_hf_model(p);
+  return load_hf_model(p, opt.tp);
 }
 
 }  // namespace loom::io

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "loom/models/causal_lm.h"
+#include "loom/nn/tensor_parallel.h"
 
 namespace loom::io {
 
@@ -21,6 +22,9 @@ struct LoadOptions {
   std::vector<std::string> keep_f32_modules;
   // For an adapter folder: the base model to use instead of its base_model_name_or_path.
   std::filesystem::path base;
+  // The tensor-parallel group to split the model over: each rank keeps its shards (a kept-
+  // quantized weight split by input columns must split on whole ggml blocks).
+  nn::TensorParallel tp;
 };
 
 bool is_gguf(const std::filesystem::path& p);  // a file whose name ends in .gguf

@@ -185,20 +185,11 @@ void load_adapter_weights(models::CausalLM& model, const fs::path& dir) {
   std::set<std::string> used;
   for (auto& [key, p] : adapter_tensors(model)) {
     LOOM_CHECK(ck.find(key), file.string() + ": tensor '" + key + "' is missing");
-    if (model.hf_transposed(*p)) {  // a Conv1D weight trained in full (modules_to_save)
-      const int64_t rows = p->shape[0], cols = p->shape[1];
-      std::vector<float> tmp(rows * cols);
-      const int64_t hf_shape[2] = {cols, rows};
-      ck.read_f32(key, hf_shape, tmp.data());
-      for (int64_t i = 0; i < cols; ++i)
-        for (int64_t o = 0; o < rows; ++o) p->value.f32()[o * cols + i] = tmp[i * rows + o];
-    } else {
-      ck.read_f32(key, p->shape, p->value.f32());
-    }
+    read_param(ck, key, model, *p);  // a Conv1D weight trained in full comes transposed
     used.insert(key);
   }
   if (nn::KVPrefix* pre = model.kv_prefix()) {
-    ck.read_f32(kPrefixKey, pre->embedding()->shape, pre->embedding()->value.f32());
+    read_param(ck, kPrefixKey, model, *pre->embedding());
     used.insert(kPrefixKey);
   }
   for (const std::string& n : ck.names())
@@ -236,6 +227,8 @@ void save_adapter(models::CausalLM& model, const models::PeftConfig& cfg, const 
     std::vector<std::vector<float>> copies;
     std::vector<StWriteTensor> tensors;
     for (auto& [key, p] : adapter_tensors(model)) {
+      LOOM_CHECK(p->shape == p->full_shape,
+                 "internal: " + p->name + " is a tensor-parallel shard; gather it before saving");
       StWriteTensor t{key, StDType::F32, p->shape, p->value.raw(), p->value.nbytes()};
       if (model.hf_transposed(*p)) {
         const int64_t rows = p->shape[0], cols = p->shape[1];

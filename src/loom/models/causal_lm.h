@@ -54,6 +54,9 @@ class CausalLM {
   // packed sample starts, and attention stays inside each sample. Undefined: 0..T-1.
   virtual const Tensor& forward(const Tensor& ids, const Tensor& pos = Tensor()) = 0;
   virtual double backward(const Tensor& targets, float grad_scale) = 0;
+  // Evaluation, after forward: per_row[b] = the sum of row b's token losses against
+  // targets [B, T] (ignored targets add 0); the logits stay. Collective like forward.
+  virtual void loss_sums(const Tensor& targets, double* per_row) = 0;
   // A cache for one conversation; with a KV prefix its first P rows hold the prefix.
   virtual KVCache new_cache() = 0;
   virtual const Tensor& forward_cached(const Tensor& ids, KVCache& cache) = 0;

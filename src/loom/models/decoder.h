@@ -51,6 +51,9 @@ class Decoder : public CausalLM {
   nn::ParamStore& params() override { return ps_; }
   const Tensor& forward(const Tensor& ids, const Tensor& pos = Tensor()) override;
   double backward(const Tensor& targets, float grad_scale) override;
+  void loss_sums(const Tensor& targets, double* per_row) override {
+    head_->loss_sums(targets, per_row);
+  }
   KVCache new_cache() override;
   const Tensor& forward_cached(const Tensor& ids, KVCache& cache) override;
   int64_t vocab_size() const override { return spec_.vocab; }

@@ -1,5 +1,6 @@
 // Builds a model from a Hugging Face config.json object, dispatching on model_type /
-// architectures. `where` names the file (or config key) in errors.
+// architectures. `where` names the file (or config key) in errors. `tp`: the tensor-parallel
+// group the layers split over (this rank's shards are declared; none: the whole model).
 #pragma once
 
 #include <memory>
@@ -7,9 +8,11 @@
 #include <string>
 
 #include "loom/models/causal_lm.h"
+#include "loom/nn/tensor_parallel.h"
 
 namespace loom::models {
 
-std::unique_ptr<CausalLM> make_model(const nlohmann::json& hf_config, const std::string& where);
+std::unique_ptr<CausalLM> make_model(const nlohmann::json& hf_config, const std::string& where,
+                                     const nn::TensorParallel& tp = {});
 
 }  // namespace loom::models

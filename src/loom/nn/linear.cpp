@@ -28,7 +28,7 @@ Linear::Linear(ParamStore& ps, const std::string& name, int64_t in, int64_t out,
                name + ": " + std::to_string(out) + " outputs (" + std::to_string(parts) +
                    " blocks) do not split over " + std::to_string(slices) + " ranks");
     const int64_t size = block / slices;
-    ws = bs = ShardSpec{0, parts, (tp.rank() / replicas) * size, size};
+    ws = bs = ShardSpec{0, parts, (tp.rank() / replicas) * size, size, tp.rank() % replicas};
     out_ = parts * size;
     replicas_ = replicas;
   } else if (split_ == Split::row) {

@@ -48,4 +48,29 @@ double LMHead::backward(const Tensor& targets, float grad_scale, const Tensor& d
   return loss_sum;
 }
 
+void LMHead::loss_sums(const Tensor& targets, double* per_row) const {
+  const int64_t Vl = w_->shape[0], N = logits_.numel() / Vl;
+  LOOM_CHECK(targets.ndim() == 2 && targets.numel() == N, "targets " + shape_str(targets.shape()) +
+                                                              " do not match logits " +
+                                                              shape_str(logits_.shape()));
+  const int64_t B = targets.dim(0), T = targets.dim(1);
+  const int32_t* t = targets.i32();
+  const float* x = logits_.f32();
+  if (!tp_.active()) {
+    for (int64_t b = 0; b < B; ++b)
+      per_row[b] = kernels::cross_entropy_loss(x + b * T * Vl, t + b * T, T, Vl);
+    return;
+  }
+  std::vector<double> mx(N), stats(2 * N);  // as in backward
+  kernels::vp_row_max(x, N, Vl, mx.data());
+  tp_.comm->all_reduce_max(mx.data(), N);
+  kernels::vp_row_partials(x, t, N, Vl, v0_, V_, mx.data(), stats.data(), stats.data() + N);
+  tp_.comm->all_reduce_sum(stats.data(), 2 * N);
+  for (int64_t b = 0; b < B; ++b) {
+    per_row[b] = 0.0;
+    for (int64_t n = b * T; n < (b + 1) * T; ++n)
+      if (t[n] != kernels::kIgnoreIndex) per_row[b] += std::log(stats[n]) - stats[N + n];
+  }
+}
+
 }  // namespace loom::nn

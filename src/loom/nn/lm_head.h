@@ -24,6 +24,9 @@ class LMHead {
   LMHead(Parameter* weight, int64_t vocab, const TensorParallel& tp = {});
   const Tensor& forward(const Tensor& h);
   double backward(const Tensor& targets, float grad_scale, const Tensor& dh);
+  // Forward only (evaluation): targets [B, T] -> per_row[b] = the sum of row b's token
+  // losses (ignored targets add 0). The logits stay as they are. Collective over tp.
+  void loss_sums(const Tensor& targets, double* per_row) const;
   Parameter* weight() const { return w_; }
   const Tensor& logits() const { return logits_; }
   int64_t vocab_first() const { return v0_; }  // the logits' first column in the full vocab

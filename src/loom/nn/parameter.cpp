@@ -51,6 +51,16 @@ void shard_to_full(const Parameter& p, const float* local, float* full) {
     std::copy_n(local + b * g.local_block, g.local_block, full + b * g.full_block + g.first);
 }
 
+void for_full_runs(const Parameter& p, int64_t begin, int64_t end,
+                   const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+  const ShardGeometry g = geometry(p);
+  for (int64_t i = begin; i < end;) {
+    const int64_t n = std::min(end - i, g.local_block - i % g.local_block);
+    fn(i, i / g.local_block * g.full_block + g.first + i % g.local_block, n);
+    i += n;
+  }
+}
+
 Parameter* ParamStore::add(const std::string& name, const Shape& shape, ParamKind kind,
                            float init_std, float init_value, const ShardSpec& shard) {
   LOOM_CHECK(find(name) == nullptr, "parameter " + name + " declared twice");

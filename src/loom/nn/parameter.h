@@ -32,6 +32,7 @@ struct ShardSpec {
   int parts = 1;
   int64_t offset = 0;
   int64_t size = 0;
+  int replica = 0;  // which of the ranks holding this same slice this one is (0: the first)
   bool sharded() const { return dim >= 0; }
 };
 
@@ -58,11 +59,23 @@ struct Parameter {
   bool quantized() const { return quant != nullptr; }
 };
 
+// Whether this rank's copy of p is the one that counts when every rank's copies are
+// summed (gradient norms, optimizer-state checkpoints): a slice held by several ranks counts
+// on its first replica; an unsharded parameter, held by every rank of the tensor-parallel
+// group, on tp rank 0.
+inline bool primary_copy(const Parameter& p, int tp_rank) {
+  return p.shard.sharded() ? p.shard.replica == 0 : tp_rank == 0;
+}
+
 // Element `local` (flat index into p.shape) of p's shard: its flat index in the full tensor.
 int64_t full_index(const Parameter& p, int64_t local);
 // Copies p's slice out of a full tensor [full_shape] into local [shape], or back.
 void shard_from_full(const Parameter& p, const float* full, float* local);
 void shard_to_full(const Parameter& p, const float* local, float* full);
+// Splits p's local elements [begin, end) into runs that are contiguous in the full tensor
+// too: fn(local_first, full_first, n) for each, in order.
+void for_full_runs(const Parameter& p, int64_t begin, int64_t end,
+                   const std::function<void(int64_t, int64_t, int64_t)>& fn);
 
 class ParamStore {
  public:

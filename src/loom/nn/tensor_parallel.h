@@ -26,9 +26,12 @@ namespace loom::nn {
 struct TensorParallel {
   dist::Communicator* comm = nullptr;  // the tensor-parallel group; null: one rank
   bool sequence_parallel = false;
+  // Without a communicator, the layout of rank `layout_rank` of `layout_size` ranks: for
+  // plans, which build a model's shapes and never run it (a collective would fail).
+  int layout_size = 1, layout_rank = 0;
 
-  int size() const { return comm ? comm->size() : 1; }
-  int rank() const { return comm ? comm->rank() : 0; }
+  int size() const { return comm ? comm->size() : layout_size; }
+  int rank() const { return comm ? comm->rank() : layout_rank; }
   bool active() const { return size() > 1; }
   // An extent n split evenly: this rank's share and where it starts.
   int64_t share(int64_t n) const { return n / size(); }

@@ -86,8 +86,8 @@ struct ZeroEngine::Pending {
 };
 
 ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const ZeroConfig& cfg,
-                       const optim::AdamWConfig& adamw)
-    : model_(model), comm_(dp), cfg_(cfg) {
+                       const optim::AdamWConfig& adamw, const nn::TensorParallel& tp)
+    : model_(model), comm_(dp), cfg_(cfg), tp_(tp) {
   LOOM_CHECK(cfg.stage >= 0 && cfg.stage <= 3,
              "zero_optimization.stage must be 0, 1, 2 or 3, got " + std::to_string(cfg.stage));
   nn::ParamStore& ps = model.params();
@@ -207,9 +207,22 @@ void ZeroEngine::end_backward() {
 }
 
 double ZeroEngine::grad_sq_norm() {
-  if (cfg_.stage == 0) return optim::sum_of_squares(model_.params().flat_grads());
-  double s = optim::sum_of_squares(shard_grads_);  // padding elements are zero
-  comm_.all_reduce_sum(&s, 1);
+  double s = 0.0;
+  if (!tp_.active()) {
+    s = optim::sum_of_squares(cfg_.stage == 0 ? model_.params().flat_grads() : shard_grads_);
+  } else {
+    // Each tp rank holds different shards: sum them over the group, each replicated
+    // parameter (norms, row-parallel biases, replicated key/value slices) counted once.
+    for (const OwnedRun& r : owned_) {
+      if (!nn::primary_copy(*r.param, tp_.rank())) continue;
+      const int64_t at =
+          cfg_.stage == 0 ? static_cast<int64_t>(r.param->grad_offset) + r.begin : r.state_offset;
+      const Tensor& g = cfg_.stage == 0 ? model_.params().flat_grads() : shard_grads_;
+      s += optim::sum_of_squares(g.slice0(at, at + (r.end - r.begin)));
+    }
+    tp_.comm->all_reduce_sum(&s, 1);
+  }
+  if (cfg_.stage > 0) comm_.all_reduce_sum(&s, 1);  // padding elements are zero
   return s;
 }
 

@@ -58,8 +58,10 @@ struct ZeroPartition {
 
 class ZeroEngine : public models::UnitHooks {
  public:
+  // tp: the model's tensor-parallel group (its ranks hold different shards; the gradient
+  // norm sums over it, counting each replicated parameter once).
   ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const ZeroConfig& cfg,
-             const optim::AdamWConfig& adamw);
+             const optim::AdamWConfig& adamw, const nn::TensorParallel& tp = {});
   ~ZeroEngine() override;
 
   // The step path, in order (Trainer::step):
@@ -67,7 +69,7 @@ class ZeroEngine : public models::UnitHooks {
   void begin_micro_batch(bool last);  // `last`: the step's gradients are reduced after it
   void begin_backward();
   void end_backward();    // after the last micro-batch: every reduction finished
-  double grad_sq_norm();  // of the step's summed gradients, over all ranks
+  double grad_sq_norm();  // of the step's summed gradients, over all ranks (dp and tp)
   void optimizer_step(float lr, float clip_coef);  // the rank's shard, then parameter sync
 
   // Full parameter values on `root` for the caller's scope (saving a checkpoint); the other
@@ -88,6 +90,7 @@ class ZeroEngine : public models::UnitHooks {
   // Values of the owned elements (the master copy at stage 3, the store's elsewhere).
   float* owned_value(const OwnedRun& r);
 
+  models::CausalLM& model() { return model_; }
   const ZeroMemory& memory() const { return mem_; }
   int stage() const { return cfg_.stage; }
   const ZeroPartition& partition() const { return part_; }
@@ -114,6 +117,7 @@ class ZeroEngine : public models::UnitHooks {
   models::CausalLM& model_;
   dist::Communicator& comm_;
   ZeroConfig cfg_;
+  nn::TensorParallel tp_;
   ZeroPartition part_;
   std::vector<Unit> units_;
   std::vector<std::vector<int>> buckets_;  // stage 0: units per all-reduce, in ready order

@@ -6,6 +6,7 @@
 
 #include "loom/io/hf_checkpoint.h"
 #include "loom/io/safetensors.h"
+#include "loom/nn/full_tensors.h"
 #include "loom/util/error.h"
 
 namespace loom::train {
@@ -37,54 +38,65 @@ std::pair<int64_t, int64_t> parse_range(const std::string& s, const std::string&
 }  // namespace
 
 void save_train_checkpoint(const fs::path& dir, const TrainerState& st,
-                           parallel::ZeroEngine& engine, dist::Communicator& comm,
+                           parallel::ZeroEngine& engine, dist::ProcessMesh& mesh,
+                           const nn::TensorParallel& tp,
                            const std::function<void(const fs::path&)>& write_model) {
+  dist::Communicator& world = mesh.world();
   const fs::path tmp = dir.string() + ".tmp";
-  engine.gather_all(0);  // collective at stage 3: the full model on rank 0 only
-  if (comm.rank() == 0) {
-    fs::remove_all(tmp);
-    try {
-      write_model(tmp);  // creates tmp (atomically itself)
-    } catch (...) {
-      engine.release_all();
-      throw;
+  engine.gather_all(0);  // collective at stage 3: the full model on dp rank 0 only
+  if (mesh.dp_rank() == 0) {
+    nn::FullTensors full(engine.model().params(), tp);  // ... and its shards on tp rank 0
+    if (world.rank() == 0) {
+      fs::remove_all(tmp);
+      try {
+        write_model(tmp);  // creates tmp (atomically itself)
+      } catch (...) {
+        engine.release_all();
+        throw;
+      }
+      fs::create_directories(tmp / "optimizer");
+      io::write_json_file(tmp / "trainer_state.json",
+                          json{{"step", st.step},
+                               {"train_batch_size", st.train_batch},
+                               {"world_size", st.world_size},
+                               {"zero_stage", st.zero_stage},
+                               {"tensor_parallel_size", st.tensor_parallel}});
     }
-    fs::create_directories(tmp / "optimizer");
-    io::write_json_file(tmp / "trainer_state.json", json{{"step", st.step},
-                                                         {"train_batch_size", st.train_batch},
-                                                         {"world_size", st.world_size},
-                                                         {"zero_stage", st.zero_stage}});
   }
   engine.release_all();
-  comm.barrier();
-  // Replicated moments (stage 0) are written once, by rank 0; shards by their owners.
-  if (engine.stage() > 0 || comm.rank() == 0) {
-    const optim::AdamW& opt = engine.optimizer();
-    std::vector<io::StWriteTensor> tensors;
-    std::map<std::string, std::string> meta;
+  world.barrier();
+  // Each element once: replicated moments (stage 0) from dp rank 0, ZeRO pieces from their
+  // owners; of a slice held by several tp ranks, the primary copy's.
+  const optim::AdamW& opt = engine.optimizer();
+  std::vector<io::StWriteTensor> tensors;
+  std::map<std::string, std::string> meta;
+  if (engine.stage() > 0 || mesh.dp_rank() == 0) {
     for (const auto& r : engine.owned_runs()) {
-      const int64_t n = r.end - r.begin;
-      const std::string range = std::to_string(r.begin) + ":" + std::to_string(r.end);
-      for (const auto& [kind, buf] :
-           {std::pair{"exp_avg/", &opt.exp_avg()}, std::pair{"exp_avg_sq/", &opt.exp_avg_sq()}}) {
-        const std::string name = kind + r.param->name + "@" + range;
-        tensors.push_back({name,
-                           io::StDType::F32,
-                           {n},
-                           buf->f32() + r.state_offset,
-                           static_cast<size_t>(n) * sizeof(float)});
-        meta[name] = range;
-      }
+      if (!nn::primary_copy(*r.param, mesh.tp_rank())) continue;
+      nn::for_full_runs(*r.param, r.begin, r.end, [&](int64_t local, int64_t full, int64_t n) {
+        const std::string range = std::to_string(full) + ":" + std::to_string(full + n);
+        const int64_t at = r.state_offset + (local - r.begin);
+        for (const auto& [kind, buf] :
+             {std::pair{"exp_avg/", &opt.exp_avg()}, std::pair{"exp_avg_sq/", &opt.exp_avg_sq()}}) {
+          const std::string name = kind + r.param->name + "@" + range;
+          tensors.push_back({name,
+                             io::StDType::F32,
+                             {n},
+                             buf->f32() + at,
+                             static_cast<size_t>(n) * sizeof(float)});
+          meta[name] = range;
+        }
+      });
     }
-    meta["adamw_step"] = std::to_string(opt.steps_taken());
-    io::write_safetensors(shard_file(tmp, comm.rank()), tensors, meta);
   }
-  comm.barrier();
-  if (comm.rank() == 0) {
+  meta["adamw_step"] = std::to_string(opt.steps_taken());
+  io::write_safetensors(shard_file(tmp, world.rank()), tensors, meta);
+  world.barrier();
+  if (world.rank() == 0) {
     if (fs::exists(dir)) fs::remove_all(dir);
     fs::rename(tmp, dir);
   }
-  comm.barrier();
+  world.barrier();
 }
 
 TrainerState read_trainer_state(const fs::path& dir) {
@@ -101,6 +113,8 @@ TrainerState read_trainer_state(const fs::path& dir) {
   st.train_batch = get("train_batch_size");
   st.world_size = static_cast<int>(get("world_size"));
   st.zero_stage = static_cast<int>(get("zero_stage"));
+  if (j.contains("tensor_parallel_size"))
+    st.tensor_parallel = static_cast<int>(get("tensor_parallel_size"));
   return st;
 }
 
@@ -112,9 +126,12 @@ void load_optimizer_state(const fs::path& dir, const TrainerState& st,
     std::string tensor;
     int64_t begin, end;
   };
+  // Every rank writes a file (checkpoints from before tensor parallelism: at stage 0 only
+  // rank 0 did).
   std::vector<io::SafetensorsFile> files;
-  const int writers = st.zero_stage > 0 ? st.world_size : 1;
-  for (int r = 0; r < writers; ++r) files.push_back(io::SafetensorsFile::open(shard_file(dir, r)));
+  for (int r = 0; r < st.world_size; ++r)
+    if (r == 0 || fs::exists(shard_file(dir, r)))
+      files.push_back(io::SafetensorsFile::open(shard_file(dir, r)));
   std::map<std::string, std::vector<Slice>> slices;  // "exp_avg/<param>" -> slices
   int64_t adamw_step = -1;
   for (const auto& f : files) {
@@ -139,14 +156,16 @@ void load_optimizer_state(const fs::path& dir, const TrainerState& st,
          {std::pair{"exp_avg/", &opt.exp_avg()}, std::pair{"exp_avg_sq/", &opt.exp_avg_sq()}}) {
       const std::string key = kind + r.param->name;
       int64_t covered = 0;
-      for (const Slice& s : slices[key]) {
-        const int64_t a = std::max(r.begin, s.begin), b = std::min(r.end, s.end);
-        if (a >= b) continue;
-        const float* src = reinterpret_cast<const float*>(s.file->find(s.tensor)->data.data());
-        std::copy(src + (a - s.begin), src + (b - s.begin),
-                  buf->f32() + r.state_offset + (a - r.begin));
-        covered += b - a;
-      }
+      nn::for_full_runs(*r.param, r.begin, r.end, [&](int64_t local, int64_t full, int64_t n) {
+        float* dst = buf->f32() + r.state_offset + (local - r.begin);
+        for (const Slice& s : slices[key]) {
+          const int64_t a = std::max(full, s.begin), b = std::min(full + n, s.end);
+          if (a >= b) continue;
+          const float* src = reinterpret_cast<const float*>(s.file->find(s.tensor)->data.data());
+          std::copy(src + (a - s.begin), src + (b - s.begin), dst + (a - full));
+          covered += b - a;
+        }
+      });
       LOOM_CHECK(covered == r.end - r.begin,
                  dir.string() + ": optimizer state '" + key + "' elements [" +
                      std::to_string(r.begin) + ", " + std::to_string(r.end) +

@@ -4,13 +4,18 @@
 //   <dir>/adapter_config.json + ...          or the PEFT adapter folder (PEFT runs)
 //   <dir>/trainer_state.json                 step, global batch, the layout it was saved from
 //   <dir>/optimizer/rank<r>.safetensors      AdamW moments this rank updated, under logical
-//        names: "exp_avg/<param>" and "exp_avg_sq/<param>" hold a run of the parameter's
-//        flattened elements, and the file's metadata maps each tensor to "begin:end"
-// Loading reads, for every run of elements this rank updates, the slices that cover it,
-// whoever wrote them. Collective: every rank calls save/load. Rank 0 writes the model and
-// the state into a temporary folder, every rank its optimizer shard, and rank 0 renames the
-// folder after a barrier, so a checkpoint is complete or absent (a rank that dies mid-save
-// leaves the previous checkpoint as it was).
+//        names: "exp_avg/<param>" and "exp_avg_sq/<param>" hold a run of the FULL
+//        parameter's flattened elements (tensor-parallel shards in full-tensor
+//        coordinates), and the file's metadata maps each tensor to "begin:end"
+// Every element is written once: by the rank that updates it (ZeRO shards) on the first
+// data-parallel rank at stage 0, and of a slice several tensor-parallel ranks hold, by its
+// primary copy (nn/parameter.h). Loading reads, for every run of elements this rank
+// updates, the slices that cover it, whoever wrote them, so any layout (dp x tp, any ZeRO
+// stage) resumes any other. Collective: every rank calls save/load. Rank 0 writes the model
+// (full tensors: ZeRO-3 gathered over dp, shards over tp) and the state into a temporary
+// folder, every rank its optimizer file, and rank 0 renames the folder after a barrier, so
+// a checkpoint is complete or absent (a rank that dies mid-save leaves the previous
+// checkpoint as it was).
 #pragma once
 
 #include <filesystem>
@@ -18,6 +23,8 @@
 #include <string>
 
 #include "loom/dist/communicator.h"
+#include "loom/dist/mesh.h"
+#include "loom/nn/tensor_parallel.h"
 #include "loom/parallel/zero.h"
 
 namespace loom::train {
@@ -27,11 +34,14 @@ struct TrainerState {
   int64_t train_batch = 0;  // global batch: the sample order depends on it
   int world_size = 1;
   int zero_stage = 0;
+  int tensor_parallel = 1;
 };
 
-// write_model(dir): writes the model files into `dir` (rank 0 only calls it).
+// write_model(dir): writes the model files into `dir` (world rank 0 only calls it, with the
+// model's parameters as full tensors).
 void save_train_checkpoint(const std::filesystem::path& dir, const TrainerState& st,
-                           parallel::ZeroEngine& engine, dist::Communicator& comm,
+                           parallel::ZeroEngine& engine, dist::ProcessMesh& mesh,
+                           const nn::TensorParallel& tp,
                            const std::function<void(const std::filesystem::path&)>& write_model);
 
 TrainerState read_trainer_state(const std::filesystem::path& dir);

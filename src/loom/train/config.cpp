@@ -180,7 +180,8 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
              "bf16",
              "peft",
              "checkpoint_interval",
-             "resume_from"});
+             "resume_from",
+             "tensor_parallel"});
   TrainConfig c;
   c.raw = j;
   LOOM_CHECK(j.contains("model"), where + ": config key 'model' is required");
@@ -223,8 +224,30 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
   one_of("on_error", c.data.on_error, {"stop", "skip"});
   c.data.cache_dir = rd.string(d, "cache_dir", "");
 
-  // DeepSpeed's batch rule: train_batch_size = micro * accum * world; any two determine
-  // the third; all three must agree.
+  // Tensor parallelism (Megatron's split of each layer's matrices): tp ranks hold one
+  // model replica between them, so the data-parallel size is world / tp.
+  if (j.contains("tensor_parallel")) {
+    Reader rt{where, "tensor_parallel."};
+    const json& t = j["tensor_parallel"];
+    rt.only(t, {"size", "sequence_parallel"});
+    c.tensor_parallel = static_cast<int>(rt.integer(t, "size", 1, 1));
+    c.sequence_parallel = rt.boolean(t, "sequence_parallel", false);
+  }
+  LOOM_CHECK(world % c.tensor_parallel == 0,
+             where + ": config key 'tensor_parallel.size' " + std::to_string(c.tensor_parallel) +
+                 (c.tensor_parallel > world ? " exceeds" : " does not divide") +
+                 " the world size " + std::to_string(world) +
+                 " (tensor_parallel.size x pipeline stages must divide the ranks)");
+  const int64_t dp = world / c.tensor_parallel;
+  c.data_parallel = static_cast<int>(dp);
+  const std::string dp_size = c.tensor_parallel == 1
+                                  ? "world size " + std::to_string(world)
+                                  : "data-parallel size " + std::to_string(dp) + " (world " +
+                                        std::to_string(world) + " / tensor_parallel.size " +
+                                        std::to_string(c.tensor_parallel) + ")";
+
+  // DeepSpeed's batch rule: train_batch_size = micro * accum * dp; any two determine the
+  // third; all three must agree.
   const bool has_m = j.contains("train_micro_batch_size_per_gpu"),
              has_a = j.contains("gradient_accumulation_steps"),
              has_t = j.contains("train_batch_size");
@@ -232,32 +255,29 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
   int64_t a = r.integer(j, "gradient_accumulation_steps", 1, 1);
   int64_t t = r.integer(j, "train_batch_size", 0, 1);
   if (has_t && has_m && !has_a) {
-    LOOM_CHECK(t % (m * world) == 0, where + ": train_batch_size " + std::to_string(t) +
-                                         " is not divisible by train_micro_batch_size_per_gpu " +
-                                         std::to_string(m) + " x world size " +
-                                         std::to_string(world));
-    a = t / (m * world);
+    LOOM_CHECK(t % (m * dp) == 0, where + ": train_batch_size " + std::to_string(t) +
+                                      " is not divisible by train_micro_batch_size_per_gpu " +
+                                      std::to_string(m) + " x " + dp_size);
+    a = t / (m * dp);
   } else if (has_t && has_a && !has_m) {
-    LOOM_CHECK(t % (a * world) == 0, where + ": train_batch_size " + std::to_string(t) +
-                                         " is not divisible by gradient_accumulation_steps " +
-                                         std::to_string(a) + " x world size " +
-                                         std::to_string(world));
-    m = t / (a * world);
+    LOOM_CHECK(t % (a * dp) == 0, where + ": train_batch_size " + std::to_string(t) +
+                                      " is not divisible by gradient_accumulation_steps " +
+                                      std::to_string(a) + " x " + dp_size);
+    m = t / (a * dp);
   } else if (has_t && !has_m && !has_a) {
-    LOOM_CHECK(t % world == 0, where + ": train_batch_size " + std::to_string(t) +
-                                   " is not divisible by the world size " + std::to_string(world));
-    m = t / world;
+    LOOM_CHECK(t % dp == 0, where + ": train_batch_size " + std::to_string(t) +
+                                " is not divisible by the " + dp_size);
+    m = t / dp;
   }
   if (has_t) {
-    LOOM_CHECK(t == m * a * world, where + ": inconsistent batch sizes: train_batch_size " +
-                                       std::to_string(t) + " != train_micro_batch_size_per_gpu " +
-                                       std::to_string(m) + " x gradient_accumulation_steps " +
-                                       std::to_string(a) + " x world size " +
-                                       std::to_string(world));
+    LOOM_CHECK(t == m * a * dp, where + ": inconsistent batch sizes: train_batch_size " +
+                                    std::to_string(t) + " != train_micro_batch_size_per_gpu " +
+                                    std::to_string(m) + " x gradient_accumulation_steps " +
+                                    std::to_string(a) + " x " + dp_size);
   }
   c.micro_batch = m;
   c.grad_accum = a;
-  c.train_batch = m * a * world;
+  c.train_batch = m * a * dp;
 
   c.train_steps = r.integer(j, "train_steps", 100, 1);
   c.seed = static_cast<uint64_t>(r.integer(j, "seed", 42, 0));

@@ -84,19 +84,25 @@ std::unique_ptr<models::CausalLM> build_model(const nlohmann::json& m, uint64_t 
     hf[k] = v;
   }
   hf["model_type"] = arch;
-  auto model = models::make_model(hf, where + " (model)");
+  auto model = models::make_model(hf, where + " (model)", opt.tp);
   model->params().init(seed);
   return model;
 }
 
 Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
-                 dist::Communicator* comm)
+                 dist::ProcessMesh* mesh)
     : cfg_(cfg), data_(std::move(dataset)) {
-  if (!comm) {
-    own_comm_ = std::make_unique<dist::LocalComm>();
-    comm = own_comm_.get();
+  if (!mesh) {
+    own_world_ = std::make_unique<dist::LocalComm>();
+    own_mesh_ = std::make_unique<dist::ProcessMesh>(*own_world_, cfg.tensor_parallel, 1);
+    mesh = own_mesh_.get();
   }
-  comm_ = comm;
+  mesh_ = mesh;
+  LOOM_CHECK(mesh->shape().tp == cfg.tensor_parallel && mesh->shape().dp == cfg.data_parallel,
+             "internal: the process mesh (dp " + std::to_string(mesh->shape().dp) + ", tp " +
+                 std::to_string(mesh->shape().tp) + ") is not the config's layout");
+  dp_ = &mesh->dp();
+  tp_ = nn::TensorParallel{&mesh->tp(), cfg.sequence_parallel};
   // PEFT: the base stays frozen, so a GGUF base stays quantized unless the config says no.
   io::LoadOptions load;
   if (!cfg.peft_from.empty()) {
@@ -105,6 +111,7 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
   }
   load.keep_quantized = cfg_.peft.enabled();
   load.keep_f32_modules = cfg_.peft.modules_to_save;
+  load.tp = tp_;
   model_ = build_model(cfg.model, cfg.seed, "config", load);
   LOOM_CHECK(!cfg_.peft.enabled() || model_path(cfg.model) != "",
              "config: PEFT needs a pretrained base model (config key 'model' as a path)");
@@ -151,8 +158,8 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
              "data.seq_len " + std::to_string(data_->seq_len()) + " exceeds the model's " +
                  std::to_string(model_->max_positions()) + " positions");
   sampler_ = std::make_unique<data::Sampler>(*data_, cfg.seed, cfg.data.shuffle, cfg.micro_batch,
-                                             cfg.grad_accum, comm_->size(), comm_->rank());
-  engine_ = std::make_unique<parallel::ZeroEngine>(*model_, *comm_, cfg.zero, cfg.adamw);
+                                             cfg.grad_accum, dp_->size(), dp_->rank());
+  engine_ = std::make_unique<parallel::ZeroEngine>(*model_, *dp_, cfg.zero, cfg.adamw, tp_);
   sched_ = optim::Schedule::from_json(cfg.scheduler, cfg.adamw.lr, cfg.train_steps);
   if (!cfg.resume_from.empty()) {
     load_optimizer_state(resume_dir, resume, *engine_);
@@ -175,7 +182,7 @@ StepStats Trainer::step() {
     counts[0] += static_cast<double>(kernels::count_targets(mb.targets.i32(), mb.targets.numel()));
     counts[1] += static_cast<double>(mb.ids.numel());
   }
-  comm_->all_reduce_sum(counts, 2);
+  dp_->all_reduce_sum(counts, 2);
   st.target_tokens = static_cast<int64_t>(counts[0]);
   st.tokens = static_cast<int64_t>(counts[1]);
   const float grad_scale = 1.0f / static_cast<float>(std::max<int64_t>(st.target_tokens, 1));
@@ -196,7 +203,7 @@ StepStats Trainer::step() {
     engine_->end_backward();
   }
   drop.training = false;
-  comm_->all_reduce_sum(&loss_sum, 1);
+  dp_->all_reduce_sum(&loss_sum, 1);
   st.loss = loss_sum / std::max<int64_t>(st.target_tokens, 1);
 
   // 4. Clip by the global norm, over every rank's shard (the optimizer applies the
@@ -215,14 +222,14 @@ StepStats Trainer::step() {
 double Trainer::evaluate() {
   if (!valid_) return std::nan("");
   model_->dropout().training = false;
-  const int64_t T = valid_->seq_len(), B = cfg_.micro_batch, V = model_->vocab_size();
+  const int64_t T = valid_->seq_len(), B = cfg_.micro_batch;
   // Rank r takes batches r, r + N, ...; every rank runs the same number of forwards (a
   // ZeRO-3 forward is collective), the spare ones on a row whose targets are all ignored.
   // Each sample's sums go to its own slot, summed over ranks (adding only zeros) and then in
   // sample order, so the reduction does not depend on the layout or the batch size.
-  const int64_t batches = (valid_->size() + B - 1) / B, N = comm_->size();
+  const int64_t batches = (valid_->size() + B - 1) / B, N = dp_->size();
   std::vector<double> slots(2 * valid_->size(), 0.0);  // [sample][loss sum, target count]
-  for (int64_t k = comm_->rank(); k < (batches + N - 1) / N * N; k += N) {
+  for (int64_t k = dp_->rank(); k < (batches + N - 1) / N * N; k += N) {
     const int64_t first = k * B, b = k < batches ? std::min(B, valid_->size() - first) : 1;
     Tensor ids = Tensor::zeros({b, T}, DType::I32), tg = Tensor::zeros({b, T}, DType::I32);
     Tensor pos = valid_->packed() ? Tensor::zeros({b, T}, DType::I32) : Tensor();
@@ -234,14 +241,15 @@ double Trainer::evaluate() {
     } else {
       std::fill(tg.i32(), tg.i32() + T, kernels::kIgnoreIndex);
     }
-    const Tensor& logits = model_->forward(ids, pos);  // [b, T, V]
+    model_->forward(ids, pos);
+    std::vector<double> sums(b);
+    model_->loss_sums(tg, sums.data());
     for (int64_t i = 0; k < batches && i < b; ++i) {
-      const int32_t* row = tg.i32() + i * T;
-      slots[2 * (first + i)] = kernels::cross_entropy_loss(logits.f32() + i * T * V, row, T, V);
-      slots[2 * (first + i) + 1] = static_cast<double>(kernels::count_targets(row, T));
+      slots[2 * (first + i)] = sums[i];
+      slots[2 * (first + i) + 1] = static_cast<double>(kernels::count_targets(tg.i32() + i * T, T));
     }
   }
-  comm_->all_reduce_sum(slots.data(), static_cast<int64_t>(slots.size()));
+  dp_->all_reduce_sum(slots.data(), static_cast<int64_t>(slots.size()));
   double loss = 0.0, count = 0.0;
   for (size_t s = 0; s < slots.size(); s += 2) {
     loss += slots[s];
@@ -261,13 +269,14 @@ void Trainer::write_model(const fs::path& dir) {
 }
 
 void Trainer::save_checkpoint(const fs::path& dir) {
-  TrainerState st{step_, cfg_.train_batch, comm_->size(), cfg_.zero.stage};
-  save_train_checkpoint(dir, st, *engine_, *comm_, [&](const fs::path& d) { write_model(d); });
+  TrainerState st{step_, cfg_.train_batch, mesh_->world().size(), cfg_.zero.stage,
+                  cfg_.tensor_parallel};
+  save_train_checkpoint(dir, st, *engine_, *mesh_, tp_, [&](const fs::path& d) { write_model(d); });
 }
 
 void Trainer::run() {
   // Rank 0 speaks and writes the metrics; every rank trains and takes part in saving.
-  const bool lead = comm_->rank() == 0;
+  const bool lead = mesh_->world().rank() == 0;
   const fs::path out = cfg_.output_dir;
   std::ofstream metrics;
   if (lead) {
@@ -287,12 +296,14 @@ void Trainer::run() {
   const bool tty = ::isatty(fileno(stderr));
   nn::ParamStore& ps = model_->params();
   say("loom: %s%s, %.2fM parameters, %.3fM trainable (%.2f%%), %lld samples of %lld tokens, "
-      "batch %lld = %lld x %lld accumulation x %d ranks, ZeRO stage %d, %lld steps%s\n",
+      "batch %lld = %lld x %lld accumulation x %d data-parallel ranks, tensor parallel %d%s, "
+      "ZeRO stage %d, %lld steps%s\n",
       model_->arch().c_str(), cfg_.peft.enabled() ? (" + " + cfg_.peft.method).c_str() : "",
       ps.numel() / 1e6, ps.trainable_numel() / 1e6, 100.0 * ps.trainable_numel() / ps.numel(),
       static_cast<long long>(data_->size()), static_cast<long long>(cfg_.data.seq_len),
       static_cast<long long>(cfg_.train_batch), static_cast<long long>(cfg_.micro_batch),
-      static_cast<long long>(cfg_.grad_accum), comm_->size(), cfg_.zero.stage,
+      static_cast<long long>(cfg_.grad_accum), dp_->size(), cfg_.tensor_parallel,
+      cfg_.sequence_parallel ? " (sequence parallel)" : "", cfg_.zero.stage,
       static_cast<long long>(cfg_.train_steps),
       step_ > 0 ? (", resuming after step " + std::to_string(step_)).c_str() : "");
   if (!data_summary_.empty()) say("data: %s\n", data_summary_.c_str());
@@ -315,9 +326,9 @@ void Trainer::run() {
   double elapsed = 0.0;
   int64_t comm_bytes = 0;
   while (step_ < cfg_.train_steps) {
-    const int64_t sent0 = comm_->stats().bytes_sent;
+    const int64_t sent0 = dp_->stats().bytes_sent + mesh_->tp().stats().bytes_sent;
     StepStats st = step();
-    const int64_t sent = comm_->stats().bytes_sent - sent0;
+    const int64_t sent = dp_->stats().bytes_sent + mesh_->tp().stats().bytes_sent - sent0;
     comm_bytes += sent;
     if (step_ == first_step + 1) mem.activations = storage_stats().peak_bytes - live_before;
     elapsed += st.seconds;
@@ -360,8 +371,8 @@ void Trainer::run() {
   }
   // Measured peaks: the largest over the ranks.
   double peaks[2] = {static_cast<double>(peak_rss_bytes()), static_cast<double>(mem.activations)};
-  comm_->all_reduce_max(&peaks[0]);
-  comm_->all_reduce_max(&peaks[1]);
+  mesh_->world().all_reduce_max(&peaks[0]);
+  mesh_->world().all_reduce_max(&peaks[1]);
   mem.peak_rss = static_cast<int64_t>(peaks[0]);
   mem.activations = static_cast<int64_t>(peaks[1]);
   const int64_t steps_run = std::max<int64_t>(step_ - first_step, 1);
@@ -369,7 +380,7 @@ void Trainer::run() {
       "activations and scratch %s, peak RSS %s (measured, the largest rank)\n",
       mib(mem.state.params).c_str(), mib(mem.state.grads).c_str(), mib(mem.state.optimizer).c_str(),
       mib(mem.state.buffers).c_str(), mib(mem.activations).c_str(), mib(mem.peak_rss).c_str());
-  if (comm_->size() > 1)
+  if (mesh_->world().size() > 1)
     say("communication: %.1f MiB sent per step by rank 0 (algorithmic volume)\n",
         comm_bytes / 1048576.0 / steps_run);
   record({{"memory",
@@ -381,7 +392,8 @@ void Trainer::run() {
             {"peak_rss_bytes", mem.peak_rss},
             {"trainable_params", ps.trainable_numel()},
             {"params", ps.numel()},
-            {"world_size", comm_->size()},
+            {"world_size", mesh_->world().size()},
+            {"tensor_parallel_size", cfg_.tensor_parallel},
             {"zero_stage", cfg_.zero.stage}}},
           {"comm_bytes_sent_per_step", comm_bytes / steps_run}});
   const fs::path ck = out / "checkpoint-final";

@@ -14,6 +14,7 @@
 #include "loom/data/dataset.h"
 #include "loom/data/sampler.h"
 #include "loom/dist/communicator.h"
+#include "loom/dist/mesh.h"
 #include "loom/io/model_loader.h"
 #include "loom/models/causal_lm.h"
 #include "loom/optim/adamw.h"
@@ -43,10 +44,12 @@ std::string model_path(const nlohmann::json& model_cfg);  // "" for a model buil
 
 class Trainer {
  public:
-  // Reads the dataset cfg.data names; or uses `dataset` (benchmarks, tests). `comm` is the
-  // data-parallel group (world size 1 without one); every rank constructs a Trainer.
+  // Reads the dataset cfg.data names; or uses `dataset` (benchmarks, tests). `mesh`: the
+  // job's process mesh (one process without one), whose tp size must be the config's
+  // tensor_parallel.size; the model splits over mesh.tp(), the batch and ZeRO over
+  // mesh.dp(). Every rank constructs a Trainer.
   explicit Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset = nullptr,
-                   dist::Communicator* comm = nullptr);
+                   dist::ProcessMesh* mesh = nullptr);
   ~Trainer();
   StepStats step();  // one optimizer step
   // Mean loss over every target token of the validation set (NaN when there is none).
@@ -59,7 +62,8 @@ class Trainer {
   models::CausalLM& model() { return *model_; }
   const optim::AdamW& optimizer() const { return engine_->optimizer(); }
   parallel::ZeroEngine& engine() { return *engine_; }
-  dist::Communicator& comm() { return *comm_; }
+  dist::ProcessMesh& mesh() { return *mesh_; }
+  const nn::TensorParallel& tensor_parallel() const { return tp_; }
   int64_t steps_done() const { return step_; }
 
   // Bytes this rank holds for the model state (weights as held: f32 and quantized blocks;
@@ -75,8 +79,11 @@ class Trainer {
   void write_model(const std::filesystem::path& dir);  // HF folder or PEFT adapter folder
 
   TrainConfig cfg_;
-  std::unique_ptr<dist::Communicator> own_comm_;  // a LocalComm when none was given
-  dist::Communicator* comm_;
+  std::unique_ptr<dist::Communicator> own_world_;  // a LocalComm when no mesh was given
+  std::unique_ptr<dist::ProcessMesh> own_mesh_;
+  dist::ProcessMesh* mesh_;
+  dist::Communicator* dp_;  // mesh_->dp(): the batch's ranks
+  nn::TensorParallel tp_;
   std::unique_ptr<models::CausalLM> model_;
   std::unique_ptr<data::Dataset> data_, valid_;
   std::string data_summary_;

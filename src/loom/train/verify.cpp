@@ -6,6 +6,7 @@
 #include <limits>
 #include <thread>
 
+#include "loom/nn/full_tensors.h"
 #include "loom/util/error.h"
 
 namespace loom::train {
@@ -36,19 +37,24 @@ RunRecord record_run(Trainer& t, int64_t steps) {
     r.grad_norms.push_back(st.grad_norm);
   }
   r.eval_losses.push_back(t.evaluate());
-  const bool root = t.comm().rank() == 0;
+  // Full tensors on world rank 0: ZeRO-3 pieces gathered over dp, then shards over tp.
   t.engine().gather_all(0);
-  if (root)
-    for (auto& p : t.model().params().all())
-      if (p->trainable) r.params[p->name].assign(p->value.f32(), p->value.f32() + p->value.numel());
+  if (t.mesh().dp_rank() == 0) {
+    nn::FullTensors full(t.model().params(), t.tensor_parallel());
+    if (t.mesh().world().rank() == 0)
+      for (auto& p : t.model().params().all())
+        if (p->trainable)
+          r.params[p->name].assign(p->value.f32(), p->value.f32() + p->value.numel());
+  }
   t.engine().release_all();
   return r;
 }
 
-nlohmann::json one_process_config(const TrainConfig& cfg, int world_size) {
+nlohmann::json one_process_config(const TrainConfig& cfg) {
   nlohmann::json j = cfg.raw;
+  j.erase("tensor_parallel");
   j["train_micro_batch_size_per_gpu"] = cfg.micro_batch;
-  j["gradient_accumulation_steps"] = cfg.grad_accum * world_size;
+  j["gradient_accumulation_steps"] = cfg.grad_accum * cfg.data_parallel;
   j["train_batch_size"] = cfg.train_batch;
   return j;
 }
@@ -95,7 +101,8 @@ VerifyReport compare_runs(const RunRecord& got, const RunRecord& want, double rt
   return rep;
 }
 
-VerifyReport verify(const TrainConfig& cfg, dist::Communicator& comm, int64_t steps, double rtol) {
+VerifyReport verify(const TrainConfig& cfg, dist::ProcessMesh& mesh, int64_t steps, double rtol) {
+  dist::Communicator& comm = mesh.world();
   const int world = comm.size();
   LOOM_CHECK(world > 1,
              "verify compares N ranks with one process: run it on several, e.g. "
@@ -105,7 +112,7 @@ VerifyReport verify(const TrainConfig& cfg, dist::Communicator& comm, int64_t st
                  std::to_string(cfg.train_steps) + ")");
   RunRecord job;
   {
-    Trainer t(cfg, nullptr, &comm);
+    Trainer t(cfg, nullptr, &mesh);
     job = record_run(t, steps);
   }
   // The reference on rank 0 while the others sleep; then everyone leaves together.
@@ -113,8 +120,8 @@ VerifyReport verify(const TrainConfig& cfg, dist::Communicator& comm, int64_t st
   float token = 0.0f;
   if (comm.rank() == 0) {
     dist::LocalComm local;
-    Trainer t(parse_config(one_process_config(cfg, world), "verify (one process)", 1), nullptr,
-              &local);
+    dist::ProcessMesh alone(local, 1, 1);
+    Trainer t(parse_config(one_process_config(cfg), "verify (one process)", 1), nullptr, &alone);
     one = record_run(t, steps);
   }
   dist::Request done = comm.iall_reduce_sum(&token, 1);
@@ -123,11 +130,14 @@ VerifyReport verify(const TrainConfig& cfg, dist::Communicator& comm, int64_t st
 
   const VerifyReport rep = compare_runs(job, one, rtol);
   std::printf(
-      "loom verify: %d ranks at ZeRO stage %d vs one process, %lld steps, global batch "
-      "%lld (%lld per micro-batch, accumulation %lld on the job, %lld on one process)\n",
-      world, cfg.zero.stage, static_cast<long long>(steps), static_cast<long long>(cfg.train_batch),
+      "loom verify: %d ranks (data parallel %d x tensor parallel %d%s) at ZeRO stage %d vs "
+      "one process, %lld steps, global batch %lld (%lld per micro-batch, accumulation %lld on "
+      "the job, %lld on one process)\n",
+      world, cfg.data_parallel, cfg.tensor_parallel,
+      cfg.sequence_parallel ? ", sequence parallel" : "", cfg.zero.stage,
+      static_cast<long long>(steps), static_cast<long long>(cfg.train_batch),
       static_cast<long long>(cfg.micro_batch), static_cast<long long>(cfg.grad_accum),
-      static_cast<long long>(cfg.grad_accum * world));
+      static_cast<long long>(cfg.grad_accum * cfg.data_parallel));
   std::printf("%-30s %16s %16s %10s\n", "", "job", "one process", "rel. diff");
   for (const Difference& d : rep.steps)
     std::printf("%-30s %16.9g %16.9g %10.2e\n", d.what.c_str(), d.got, d.want, d.rel);

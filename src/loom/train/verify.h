@@ -1,9 +1,9 @@
 // `loom verify`: does this config train at this parallel layout exactly as on one process?
 // DESIGN.md's correctness oracle, for any config a user has, not only the tests':
-//   1. every rank of the job trains K steps at the config's layout (DP / ZeRO stage);
+//   1. every rank of the job trains K steps at the config's layout (DP x TP, ZeRO stage);
 //   2. rank 0 alone trains the same K steps with the same global batch (the micro batch
-//      kept, gradient accumulation multiplied by the world size, so the sample order and
-//      the activation shapes are those of the job);
+//      kept, gradient accumulation multiplied by the data-parallel size, tensor parallel
+//      off, so the sample order and the activation shapes are those of the job);
 //   3. rank 0 compares every step's loss and gradient norm, the eval loss before and after
 //      (when the config has validation data) and the final trainable parameters, each as a
 //      relative difference against the one-process value.
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/dist/communicator.h"
+#include "loom/dist/mesh.h"
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
 
@@ -34,8 +34,9 @@ struct RunRecord {
 RunRecord record_run(Trainer& t, int64_t steps);
 
 // The config (JSON, as parse_config takes it) that runs `cfg`'s global batch on one
-// process: the same micro batch with world_size times the accumulation.
-nlohmann::json one_process_config(const TrainConfig& cfg, int world_size);
+// process: the same micro batch with data_parallel times the accumulation, no tensor
+// parallelism.
+nlohmann::json one_process_config(const TrainConfig& cfg);
 
 struct Difference {
   std::string what;  // "loss, step 3", "eval loss after step 10", a parameter's name
@@ -53,8 +54,8 @@ struct VerifyReport {
 // the two did not record the same steps or tensors.
 VerifyReport compare_runs(const RunRecord& got, const RunRecord& want, double rtol);
 
-// The whole command on `comm` (the job's data-parallel group): returns the report on rank 0
-// (and an empty one elsewhere) after printing the comparison to stdout on rank 0.
-VerifyReport verify(const TrainConfig& cfg, dist::Communicator& comm, int64_t steps, double rtol);
+// The whole command on the job's mesh: returns the report on world rank 0 (and an empty one
+// elsewhere) after printing the comparison to stdout on rank 0.
+VerifyReport verify(const TrainConfig& cfg, dist::ProcessMesh& mesh, int64_t steps, double rtol);
 
 }  // namespace loom::train
