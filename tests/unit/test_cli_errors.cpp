@@ -84,6 +84,20 @@ TEST_F(CliErrors, UnknownKey) {
                  "'learning_rate'");
 }
 
+// Tensor-parallel layouts that cannot run fail before anything is built or written.
+TEST_F(CliErrors, TensorParallelLayouts) {
+  const std::string cfg =
+      config("{\"arch\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 8, \"n_head\": 2}");
+  expect_failure(run("train " + cfg + " --set tensor_parallel.size=2"),
+                 "'tensor_parallel.size' 2 exceeds the world size 1");
+  expect_failure(run("plan " + cfg + " --world 4 --set tensor_parallel.size=3"),
+                 "'tensor_parallel.size' 3 does not divide the world size 4");
+  expect_failure(run("train " + cfg + " --set tensor_parallel.degree=2"),
+                 "unknown config key 'tensor_parallel.degree'");
+  expect_failure(run("plan " + cfg + " --world 3 --set tensor_parallel.size=3"),
+                 "n_head 2 is not divisible by tensor_parallel.size 3");
+}
+
 TEST_F(CliErrors, MissingDataFile) {
   std::string cfg = config("{\"arch\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 8, \"n_head\": 2}");
   expect_failure(run("train " + cfg + " --set data.path=/nonexistent/data.txt"),

@@ -71,6 +71,7 @@ class Decoder : public CausalLM {
   // Declares every parameter (materialized; values zero until init or load).
   explicit Decoder(DecoderSpec spec);
   bool tied_head() const { return spec_.tied_head; }
+  const nn::TensorParallel& tensor_parallel() const { return spec_.tp; }
 
  private:
   // Token rows x [N, C] (N = ids' count) = token table rows (+ position rows at abs_pos).

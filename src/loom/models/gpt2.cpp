@@ -132,11 +132,15 @@ GPT2::GPT2(const GPT2Config& c, const nn::TensorParallel& tp)
 
 int64_t GPT2::activation_bytes(int64_t B, int64_t T) const {
   const int64_t N = B * T, C = cfg_.n_embd, H = cfg_.hidden();
+  // Under tensor parallelism q/k/v, the context, the MLP width, the heads and the
+  // vocabulary are split (t); with sequence parallelism the token rows between them too (s).
+  const int64_t t = tensor_parallel().size(), s = tensor_parallel().sequence_parallel ? t : 1;
   // Per layer: ln_1, qkv, context, c_proj, residual, ln_2, c_fc and GELU, c_proj, output;
   // and the attention probabilities [B, NH, T, P + T].
-  const int64_t layer = N * (10 * C + 2 * H) + B * cfg_.n_head * T * (prefix_length() + T);
-  const int64_t scratch = N * (9 * C + 2 * H);
-  return 4 * (cfg_.n_layer * layer + scratch + N * (2 * C + cfg_.vocab_size));
+  const int64_t layer =
+      N * (6 * C / s + 4 * C / t + 2 * H / t) + B * cfg_.n_head / t * T * (prefix_length() + T);
+  const int64_t scratch = N * (5 * C + 4 * C / t + 2 * H / t);
+  return 4 * (cfg_.n_layer * layer + scratch + N * (2 * C + cfg_.vocab_size / t));
 }
 
 bool GPT2::hf_transposed(const nn::Parameter& p) const {

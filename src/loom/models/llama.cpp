@@ -1,5 +1,7 @@
 #include "loom/models/llama.h"
 
+#include <algorithm>
+
 #include "loom/models/hf_config_keys.h"
 #include "loom/nn/gqa_attention.h"
 #include "loom/nn/prenorm_block.h"
@@ -157,14 +159,17 @@ Llama::Llama(const LlamaConfig& c, const nn::TensorParallel& tp)
 
 int64_t Llama::activation_bytes(int64_t B, int64_t T) const {
   const int64_t N = B * (T + prefix_length()), C = cfg_.hidden_size, I = cfg_.intermediate_size;
-  const int64_t qd = cfg_.num_attention_heads * cfg_.dim_head(),
-                kvd = cfg_.num_key_value_heads * cfg_.dim_head();
+  // Under tensor parallelism the heads, the MLP width and the vocabulary are split (t);
+  // with sequence parallelism the token rows between them too (s).
+  const int64_t t = tensor_parallel().size(), s = tensor_parallel().sequence_parallel ? t : 1;
+  const int64_t qd = cfg_.num_attention_heads * cfg_.dim_head() / t,
+                kvd = std::max<int64_t>(cfg_.num_key_value_heads / t, 1) * cfg_.dim_head();
   // Per layer: norm outputs, q/k/v, context, o, residual, MLP gate/up/product, down, output;
   // and the attention probabilities [B, NH, T, P + T].
-  const int64_t layer = N * (6 * C + 2 * qd + 2 * kvd + 3 * I) +
-                        B * cfg_.num_attention_heads * T * (prefix_length() + T);
-  const int64_t scratch = N * (5 * C + 3 * I + 2 * qd + 2 * kvd);
-  return 4 * (cfg_.num_hidden_layers * layer + scratch + N * (2 * C + cfg_.vocab_size));
+  const int64_t layer = N * (6 * C / s + 2 * qd + 2 * kvd + 3 * I / t) +
+                        B * cfg_.num_attention_heads / t * T * (prefix_length() + T);
+  const int64_t scratch = N * (5 * C + 3 * I / t + 2 * qd + 2 * kvd);
+  return 4 * (cfg_.num_hidden_layers * layer + scratch + N * (2 * C + cfg_.vocab_size / t));
 }
 
 bool Llama::hf_ignorable(const std::string& name) const {

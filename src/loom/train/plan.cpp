@@ -21,11 +21,16 @@ std::string plan_report(const TrainConfig& cfg_in, int world) {
   TrainConfig cfg = cfg_in;
   if (!cfg.peft_from.empty()) cfg.peft = io::read_adapter_config(expand_user(cfg.peft_from)).config;
   // The model from its config alone, and the bytes a quantized GGUF base keeps per weight.
+  // Tensor parallel: the shapes of tp rank 0's shards (every rank's are the same, up to a
+  // padded vocabulary's last rows).
+  const nn::TensorParallel tp{nullptr, cfg.sequence_parallel, cfg.tensor_parallel, 0};
   std::unique_ptr<models::CausalLM> model;
   std::map<std::string, int64_t> quant_bytes;  // HF name -> bytes kept in ggml blocks
   const std::string path = model_path(cfg.model);
   if (path.empty()) {
-    model = build_model(cfg.model, cfg.seed, "config");
+    io::LoadOptions opt;
+    opt.tp = tp;
+    model = build_model(cfg.model, cfg.seed, "config", opt);
   } else {
     const fs::path p = expand_user(path);
     LOOM_CHECK(!io::is_adapter_folder(p),
@@ -34,7 +39,7 @@ std::string plan_report(const TrainConfig& cfg_in, int world) {
                    "peft.from_pretrained)");
     if (io::is_gguf(p)) {
       io::GgufFile f = io::GgufFile::open(p);
-      model = models::make_model(io::gguf_hf_config(f), p.string());
+      model = models::make_model(io::gguf_hf_config(f), p.string(), tp);
       bool keep = cfg.peft.enabled();
       if (cfg.model.is_object() && cfg.model.contains("keep_quantized"))
         keep = cfg.model["keep_quantized"].get<bool>();
@@ -42,8 +47,8 @@ std::string plan_report(const TrainConfig& cfg_in, int world) {
         if (keep && t.ne.size() == 2 && t.type != io::GgmlType::F32)
           quant_bytes[io::gguf_to_hf_name(t.name)] = static_cast<int64_t>(t.nbytes);
     } else {
-      model =
-          models::make_model(io::read_json_file(p / "config.json"), (p / "config.json").string());
+      model = models::make_model(io::read_json_file(p / "config.json"),
+                                 (p / "config.json").string(), tp);
     }
   }
   models::declare_peft(*model, cfg.peft);
@@ -58,7 +63,9 @@ std::string plan_report(const TrainConfig& cfg_in, int world) {
                      [&](const std::string& m) {
                        return models::peft_name_matches(p->name.substr(0, p->name.rfind('.')), m);
                      });
-    frozen += kept ? q->second : 4 * shape_numel(p->shape);
+    // A kept-quantized shard holds its share of the whole weight's blocks.
+    frozen += kept ? q->second * shape_numel(p->shape) / shape_numel(p->full_shape)
+                   : 4 * shape_numel(p->shape);
   }
   std::vector<int64_t> lens;
   for (const auto& unit : model->units()) {
@@ -72,16 +79,18 @@ std::string plan_report(const TrainConfig& cfg_in, int world) {
   std::string out;
   char line[256];
   std::snprintf(line, sizeof line,
-                "loom plan: %s%s, %.2fM parameters (%.3fM trainable), %d data-parallel ranks, "
-                "micro-batch %lld x %lld tokens\n",
+                "loom plan: %s%s, %.2fM parameters (%.3fM trainable) per rank, %d ranks = %d "
+                "data-parallel x %d tensor-parallel%s, micro-batch %lld x %lld tokens\n",
                 model->arch().c_str(), cfg.peft.enabled() ? (" + " + cfg.peft.method).c_str() : "",
-                ps.numel() / 1e6, ps.trainable_numel() / 1e6, world,
+                ps.numel() / 1e6, ps.trainable_numel() / 1e6, world, cfg.data_parallel,
+                cfg.tensor_parallel, cfg.sequence_parallel ? " (sequence parallel)" : "",
                 static_cast<long long>(cfg.micro_batch), static_cast<long long>(cfg.data.seq_len));
   out += line;
   out += "MiB per rank   params    grads  optimizer  model state  buffers  activations*    total\n";
   for (int stage = 0; stage <= 3; ++stage) {
     // Every rank's share is the same up to one element of padding per unit: rank 0's.
-    parallel::ZeroMemory m = parallel::ZeroPartition::make(lens, world, 0).memory(stage, frozen);
+    parallel::ZeroMemory m =
+        parallel::ZeroPartition::make(lens, cfg.data_parallel, 0).memory(stage, frozen);
     std::snprintf(line, sizeof line, "stage %d%s %9.1f %8.1f %10.1f %12.1f %8.1f %12.1f %8.1f\n",
                   stage, stage == cfg.zero.stage ? " (cfg)" : "      ", mib(m.params), mib(m.grads),
                   mib(m.optimizer), mib(m.model_state()), mib(m.buffers), mib(act),
