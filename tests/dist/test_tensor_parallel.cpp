@@ -8,7 +8,11 @@
 //   - every gradient: this rank's shard equals that slice of the whole model's (1e-5).
 // Cases: GPT-2 (tied head, fused c_attn) at tp2 and tp4; Llama with GQA (2 KV heads: split
 // at tp2, replicated at tp4) on packed rows; Qwen2-style (q/k/v bias, untied head) with a
-// vocabulary of 250 (padded at tp4); GPT-2 with a vocabulary of 250 at tp4.
+// vocabulary of 250 (padded at tp4); GPT-2 with a vocabulary of 250 at tp4. Each also with
+// sequence parallel (_sp: the replicated parameters' gradients, partial per rank, must be
+// summed to the whole model's), and with bottleneck adapters on the residual path.
+// Sequence parallel also refuses a batch whose B*T does not divide by tp, and moves as
+// many bytes per block as plain tensor parallel (plus its replicated gradients' sum).
 // The vocab-parallel pieces have their own checks: VocabParallelEmbedding against
 // nn::Embedding, and finite differences of the vocab-parallel loss through the head.
 #include <gtest/gtest.h>
@@ -16,6 +20,7 @@
 #include <cmath>
 #include <cstring>
 #include <tuple>
+#include <vector>
 
 #include "common/dist_main.h"
 #include "common/test_util.h"
@@ -56,14 +61,24 @@ struct Case {
   nlohmann::json config;  // HF config.json
   int tp;
   bool packed;
+  bool sp = false;        // sequence parallel
+  bool adapters = false;  // Houlsby adapters after attention and MLP
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
-std::unique_ptr<models::CausalLM> build(const nlohmann::json& c, const nn::TensorParallel& tp) {
+std::unique_ptr<models::CausalLM> build(const nlohmann::json& c, const nn::TensorParallel& tp,
+                                        bool adapters = false) {
+  std::unique_ptr<models::CausalLM> m;
   if (c["model_type"] == "gpt2")
-    return std::make_unique<models::GPT2>(models::GPT2Config::from_hf(c, "test"), tp);
-  return std::make_unique<models::Llama>(models::LlamaConfig::from_hf(c, "test"), tp);
+    m = std::make_unique<models::GPT2>(models::GPT2Config::from_hf(c, "test"), tp);
+  else
+    m = std::make_unique<models::Llama>(models::LlamaConfig::from_hf(c, "test"), tp);
+  if (adapters) {
+    m->add_bottleneck_adapters(nn::AdapterSpec{8, "gelu", 0.02f});
+    m->params().materialize();
+  }
+  return m;
 }
 
 nlohmann::json gpt2(int64_t vocab) {
@@ -79,44 +94,10 @@ nlohmann::json llama(const std::string& type, int64_t vocab, bool tied) {
           {"tie_word_embeddings", tied}, {"attention_bias", type == "llama"}};
 }
 
-class TensorParallelEquivalence : public ::testing::TestWithParam<Case> {};
-
-TEST_P(TensorParallelEquivalence, LogitsLossAndGradientsEqualOneProcess) {
-  const Case& c = GetParam();
-  if (g_world->size() % c.tp != 0) GTEST_SKIP() << "world " << g_world->size();
-  dist::ProcessMesh mesh(*g_world, c.tp, 1);
-  const nn::TensorParallel tp{&mesh.tp(), false};
-  auto one = build(c.config, {});
-  auto split = build(c.config, tp);
-  set_weights(*one);
-  set_weights(*split);
-
-  const int64_t B = 2, T = 12, V = one->vocab_size();
-  Tensor ids = Tensor::zeros({B, T}, DType::I32), tg = Tensor::zeros({B, T}, DType::I32);
-  Tensor pos = Tensor::zeros({B, T}, DType::I32);
-  for (int64_t i = 0; i < B * T; ++i) {
-    ids.i32()[i] = static_cast<int32_t>((i * 37 + 5) % V);
-    tg.i32()[i] = i % 5 == 4 ? kernels::kIgnoreIndex : static_cast<int32_t>((i * 11 + 3) % V);
-    pos.i32()[i] = static_cast<int32_t>(i % T < 5 ? i % T : i % T - 5);  // two packed samples
-  }
-  const Tensor p = c.packed ? pos : Tensor();
-  const Tensor& ref = one->forward(ids, p);
-  const Tensor& got = split->forward(ids, p);
-  const int64_t Vl = got.dim(2);
-  const int64_t v0 = dynamic_cast<models::Decoder&>(*split).vocab_first();
-  std::vector<float> want(B * T * Vl);
-  for (int64_t r = 0; r < B * T; ++r)
-    for (int64_t j = 0; j < Vl; ++j) want[r * Vl + j] = ref.f32()[r * V + v0 + j];
-  EXPECT_LT(test::rel_err(got.f32(), want.data(), B * T * Vl), 1e-5) << "logits";
-
-  const float scale = 1.0f / static_cast<float>(kernels::count_targets(tg.i32(), B * T));
-  one->params().zero_grads();
-  split->params().zero_grads();
-  const double l1 = one->backward(tg, scale), l2 = split->backward(tg, scale);
-  EXPECT_LT(std::fabs(l1 - l2) / l1, 1e-5) << l1 << " vs " << l2;
-
-  for (auto& q : split->params().all()) {
-    const nn::Parameter* r = one->params().find(q->name);
+// Every gradient of the split model is its slice of the whole model's (1e-5 relative).
+void expect_grads_equal(models::CausalLM& one, models::CausalLM& split) {
+  for (auto& q : split.params().all()) {
+    const nn::Parameter* r = one.params().find(q->name);
     ASSERT_NE(r, nullptr) << q->name;
     std::vector<float> slice(q->grad.numel());
     if (q->shard.sharded())
@@ -129,15 +110,159 @@ TEST_P(TensorParallelEquivalence, LogitsLossAndGradientsEqualOneProcess) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, TensorParallelEquivalence,
-    ::testing::Values(Case{"gpt2_tp2", gpt2(256), 2, false}, Case{"gpt2_tp4", gpt2(256), 4, false},
-                      Case{"llama_gqa_tp2", llama("llama", 256, true), 2, true},
-                      Case{"llama_gqa_tp4_kv_replicated", llama("llama", 256, true), 4, true},
-                      Case{"qwen2_untied_v250_tp2", llama("qwen2", 250, false), 2, false},
-                      Case{"qwen2_untied_v250_tp4", llama("qwen2", 250, false), 4, false},
-                      Case{"gpt2_v250_tp4", gpt2(250), 4, false}),
-    [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+// This rank's vocabulary columns of the whole model's logits [B, T, V].
+std::vector<float> logit_columns(const Tensor& ref, models::CausalLM& split, int64_t Vl) {
+  const int64_t N = ref.numel() / ref.dim(-1), V = ref.dim(-1);
+  const int64_t v0 = dynamic_cast<models::Decoder&>(split).vocab_first();
+  std::vector<float> want(N * Vl);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t j = 0; j < Vl; ++j) want[r * Vl + j] = ref.f32()[r * V + v0 + j];
+  return want;
+}
+
+class TensorParallelEquivalence : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TensorParallelEquivalence, LogitsLossAndGradientsEqualOneProcess) {
+  const Case& c = GetParam();
+  if (g_world->size() % c.tp != 0) GTEST_SKIP() << "world " << g_world->size();
+  dist::ProcessMesh mesh(*g_world, c.tp, 1);
+  const nn::TensorParallel tp{&mesh.tp(), c.sp};
+  auto one = build(c.config, {}, c.adapters);
+  auto split = build(c.config, tp, c.adapters);
+  set_weights(*one);
+  set_weights(*split);
+
+  const int64_t B = 2, T = 12, V = one->vocab_size();  // B*T divides by 4 (sequence parallel)
+  Tensor ids = Tensor::zeros({B, T}, DType::I32), tg = Tensor::zeros({B, T}, DType::I32);
+  Tensor pos = Tensor::zeros({B, T}, DType::I32);
+  for (int64_t i = 0; i < B * T; ++i) {
+    ids.i32()[i] = static_cast<int32_t>((i * 37 + 5) % V);
+    tg.i32()[i] = i % 5 == 4 ? kernels::kIgnoreIndex : static_cast<int32_t>((i * 11 + 3) % V);
+    pos.i32()[i] = static_cast<int32_t>(i % T < 5 ? i % T : i % T - 5);  // two packed samples
+  }
+  const Tensor p = c.packed ? pos : Tensor();
+  const Tensor& ref = one->forward(ids, p);
+  const Tensor& got = split->forward(ids, p);
+  const int64_t Vl = got.dim(2);
+  ASSERT_EQ(got.shape(), (Shape{B, T, Vl}));
+  const std::vector<float> want = logit_columns(ref, *split, Vl);
+  EXPECT_LT(test::rel_err(got.f32(), want.data(), B * T * Vl), 1e-5) << "logits";
+
+  const float scale = 1.0f / static_cast<float>(kernels::count_targets(tg.i32(), B * T));
+  one->params().zero_grads();
+  split->params().zero_grads();
+  const double l1 = one->backward(tg, scale), l2 = split->backward(tg, scale);
+  EXPECT_LT(std::fabs(l1 - l2) / l1, 1e-5) << l1 << " vs " << l2;
+  expect_grads_equal(*one, *split);
+}
+
+// Every case with plain tensor parallel, then again with sequence parallel (_sp).
+std::vector<Case> cases() {
+  std::vector<Case> plain = {
+      {"gpt2_tp2", gpt2(256), 2, false},
+      {"gpt2_tp4", gpt2(256), 4, false},
+      {"llama_gqa_tp2", llama("llama", 256, true), 2, true},
+      {"llama_gqa_tp4_kv_replicated", llama("llama", 256, true), 4, true},
+      {"qwen2_untied_v250_tp2", llama("qwen2", 250, false), 2, false},
+      {"qwen2_untied_v250_tp4", llama("qwen2", 250, false), 4, false},
+      {"gpt2_v250_tp4", gpt2(250), 4, false},
+      {"gpt2_adapters_tp2", gpt2(256), 2, false, false, true},
+      {"llama_gqa_adapters_tp4", llama("llama", 256, true), 4, true, false, true},
+  };
+  std::vector<Case> all = plain;
+  for (Case c : plain) {
+    c.name += "_sp";
+    c.sp = true;
+    all.push_back(c);
+  }
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TensorParallelEquivalence, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+// B*T tokens that do not split over the ranks are refused, naming the numbers, on every
+// rank before any collective.
+TEST(SequenceParallel, RefusesTokensThatDoNotDivideByTp) {
+  if (g_world->size() == 1) GTEST_SKIP() << "one rank";
+  const nn::TensorParallel tp{g_world, true};
+  auto m = build(gpt2(256), tp);
+  set_weights(*m);
+  const Tensor ids = Tensor::zeros({1, 7}, DType::I32);
+  const std::string err = test::error_of([&] { m->forward(ids); });
+  EXPECT_NE(err.find("1 x 7 = 7 tokens"), std::string::npos) << err;
+  EXPECT_NE(err.find(std::to_string(g_world->size()) + " tensor-parallel ranks"), std::string::npos)
+      << err;
+}
+
+// An evaluation forward (another batch shape, no backward), then two micro-batches whose
+// gradients accumulate: the partial gradients are summed per backward, so the accumulated
+// ones still equal the whole model's (summing the accumulated gradient would count the
+// first micro-batch tp times).
+TEST(SequenceParallel, EvaluationAndAccumulatedMicroBatchesEqualOneProcess) {
+  if (g_world->size() == 1) GTEST_SKIP() << "one rank";
+  const nn::TensorParallel tp{g_world, true};
+  auto one = build(gpt2(256), {}, /*adapters=*/true);
+  auto split = build(gpt2(256), tp, /*adapters=*/true);
+  set_weights(*one);
+  set_weights(*split);
+  auto batch = [](int64_t B, int64_t T, int seed) {
+    Tensor t = Tensor::zeros({B, T}, DType::I32);
+    for (int64_t i = 0; i < B * T; ++i) t.i32()[i] = static_cast<int32_t>((i * 31 + seed) % 256);
+    return t;
+  };
+  const Tensor eval = batch(1, 8, 1);
+  const Tensor& ref = one->forward(eval);
+  const Tensor& got = split->forward(eval);
+  ASSERT_EQ(got.shape(), (Shape{1, 8, got.dim(2)}));
+  const std::vector<float> want = logit_columns(ref, *split, got.dim(2));
+  EXPECT_LT(test::rel_err(got.f32(), want.data(), got.numel()), 1e-5) << "evaluation logits";
+
+  one->params().zero_grads();
+  split->params().zero_grads();
+  for (int mb = 0; mb < 2; ++mb) {
+    const Tensor ids = batch(2, 12, 3 + mb), tg = batch(2, 12, 7 + mb);
+    one->forward(ids);
+    split->forward(ids);
+    const double l1 = one->backward(tg, 0.02f), l2 = split->backward(tg, 0.02f);
+    EXPECT_LT(std::fabs(l1 - l2) / l1, 1e-5) << "micro-batch " << mb;
+  }
+  expect_grads_equal(*one, *split);
+}
+
+// Bytes the tp group sends for one forward and backward of one block (a 2-layer model's
+// minus a 1-layer model's), against Megatron's count: without sequence parallel 2
+// all-reduces forward and 2 backward of B*T*C floats; with it each becomes an all-gather
+// and a reduce-scatter, half an all-reduce each (CommStats counts ring volumes), plus one
+// all-reduce of the block's partial norm gradients (GPT-2: two LayerNorms, 4C floats).
+TEST(SequenceParallel, BytesPerBlockMatchMegatronsCount) {
+  const int p = g_world->size();
+  if (p == 1) GTEST_SKIP() << "one rank";
+  const int64_t B = 2, T = 12, C = 32, f = sizeof(float);
+  auto bytes = [&](int layers, bool sp) {
+    nlohmann::json c = gpt2(256);
+    c["n_layer"] = layers;
+    const nn::TensorParallel tp{g_world, sp};
+    auto m = build(c, tp);
+    set_weights(*m);
+    Tensor ids = Tensor::zeros({B, T}, DType::I32);
+    for (int64_t i = 0; i < B * T; ++i) ids.i32()[i] = static_cast<int32_t>(i * 7 % 256);
+    g_world->reset_stats();
+    m->forward(ids);
+    m->backward(ids, 1.0f);
+    return g_world->stats();
+  };
+  const int64_t all_reduce = 2 * (p - 1) * B * T * C * f / p;
+  const int64_t ring = (p - 1) * (B * T * C / p) * f;  // all-gather or reduce-scatter
+  const int64_t norm_grads = 2 * (p - 1) * 4 * C * f / p;
+  const dist::CommStats tp1 = bytes(1, false), tp2 = bytes(2, false);
+  const dist::CommStats sp1 = bytes(1, true), sp2 = bytes(2, true);
+  EXPECT_EQ(tp2.bytes_sent - tp1.bytes_sent, 4 * all_reduce);
+  EXPECT_EQ(tp2.collectives - tp1.collectives, 4);
+  EXPECT_EQ(sp2.bytes_sent - sp1.bytes_sent, 8 * ring + norm_grads);
+  EXPECT_EQ(sp2.collectives - sp1.collectives, 9);
+  EXPECT_EQ(8 * ring, 4 * all_reduce);
+}
 
 // The vocab-parallel table looks up and scatters exactly as the whole table does.
 TEST(VocabParallelEmbedding, EqualsTheWholeTable) {

@@ -56,7 +56,22 @@ int Decoder::unit_of(const std::string& n) const {
 
 void Decoder::embed(const int32_t* ids, const int32_t* abs_pos, int64_t N, Tensor& x) {
   tok_embed_.forward(ids, N, x);
-  if (pos_embed_) pos_embed_->forward(abs_pos, N, x, /*accumulate=*/true);
+  // This rank's rows start at token `first` (0 unless sequence parallel).
+  const int64_t rows = x.numel() / spec_.hidden,
+                first = spec_.tp.sequence_split() ? spec_.tp.first(N) : 0;
+  if (pos_embed_) pos_embed_->forward(abs_pos + first, rows, x, /*accumulate=*/true);
+}
+
+Shape Decoder::stream_shape(int64_t B, int64_t T) const {
+  if (!spec_.tp.sequence_split()) return {B, T, spec_.hidden};
+  return {spec_.tp.share(B * T), spec_.hidden};
+}
+
+const Tensor& Decoder::gather_for_head(const Tensor& normed) {
+  if (!spec_.tp.sequence_split()) return normed;
+  nn::ensure(head_in_, {where_.batch, where_.seq, spec_.hidden});
+  nn::gather_from_sequence_forward(spec_.tp, normed, head_in_);
+  return head_in_;
 }
 
 void Decoder::rope_tables(const int32_t* pos, int64_t n, Tensor& cos, Tensor& sin) const {
@@ -86,6 +101,12 @@ const Tensor& Decoder::forward(const Tensor& ids, const Tensor& pos) {
                  (P ? " after a prefix of " + std::to_string(P) : std::string()) +
                  " exceeds the model's " + spec_.max_positions_key + " " +
                  std::to_string(spec_.max_positions));
+  const nn::TensorParallel& tp = spec_.tp;
+  LOOM_CHECK(!tp.sequence_split() || (B * T) % tp.size() == 0,
+             "sequence parallel: a batch of " + std::to_string(B) + " x " + std::to_string(T) +
+                 " = " + std::to_string(B * T) + " tokens does not split evenly over " +
+                 std::to_string(tp.size()) +
+                 " tensor-parallel ranks (batch size x sequence length must divide by them)");
   ids_ = ids;
   std::optional<UnitScope> pre;  // every layer reads the prefix table
   if (prefix_) {
@@ -106,8 +127,10 @@ const Tensor& Decoder::forward(const Tensor& ids, const Tensor& pos) {
   }
   pos_is_custom_ = packed;
   where_.packed = packed ? pos_.i32() : nullptr;
+  where_.batch = B;
+  where_.seq = T;
 
-  nn::ensure(x0_, {B, T, spec_.hidden});
+  nn::ensure(x0_, stream_shape(B, T));
   // A tied head reads the embedding again at the end: hold it for the whole forward rather
   // than gather it twice.
   std::optional<UnitScope> emb(std::in_place, hooks_, 0);
@@ -119,7 +142,7 @@ const Tensor& Decoder::forward(const Tensor& ids, const Tensor& pos) {
     x = &blocks_[l]->forward(*x, where_);
   }
   UnitScope u(hooks_, head_unit());
-  return head_->forward(final_norm_->forward(*x));
+  return head_->forward(gather_for_head(final_norm_->forward(*x)));
 }
 
 double Decoder::backward(const Tensor& targets, float grad_scale) {
@@ -127,6 +150,8 @@ double Decoder::backward(const Tensor& targets, float grad_scale) {
   LOOM_CHECK(targets.shape() == ids_.shape(), "targets " + shape_str(targets.shape()) +
                                                   " do not match ids " + shape_str(ids_.shape()));
   const int64_t B = ids_.dim(0), T = ids_.dim(1), C = spec_.hidden;
+  const nn::TensorParallel& tp = spec_.tp;
+  const Shape stream = stream_shape(B, T);  // the residual stream's gradients
   std::optional<UnitScope> pre;
   if (prefix_) pre.emplace(hooks_, prefix_unit());
   std::optional<UnitScope> tied;  // the head's weight is the embedding: held to the end
@@ -134,17 +159,24 @@ double Decoder::backward(const Tensor& targets, float grad_scale) {
   // Residual-stream gradients alternate between two buffers as we walk the blocks back.
   const char* slots[2] = {"decoder.dres0", "decoder.dres1"};
   int cur = 0;
-  Tensor dx = scratch_.zeros(slots[cur], {B, T, C});
+  Tensor dx = scratch_.zeros(slots[cur], stream);
   double loss_sum;
   {
     UnitScope u(hooks_, head_unit());
-    Tensor dh = scratch_.zeros("decoder.dh", {B, T, C});
+    nn::SequencePartialGrads partial(tp, final_norm_->params());
+    Tensor dh = scratch_.zeros("decoder.dh", {B, T, C});  // all rows (the head's input)
     loss_sum = head_->backward(targets, grad_scale, dh);
+    if (tp.sequence_split()) {  // partial sums over the ranks: reduce-scattered to rows
+      Tensor rows = scratch_.zeros("decoder.dh_rows", stream);
+      nn::gather_from_sequence_backward(tp, dh, rows);
+      dh = rows;
+    }
     final_norm_->backward(dh, dx);
+    partial.sum_over_sequence();
   }
   grads_ready(head_unit());
   for (size_t l = blocks_.size(); l-- > 0;) {
-    Tensor dprev = scratch_.zeros(slots[cur ^ 1], {B, T, C});
+    Tensor dprev = scratch_.zeros(slots[cur ^ 1], stream);
     {
       UnitScope u(hooks_, static_cast<int>(l) + 1);
       blocks_[l]->backward(dx, dprev, scratch_);
@@ -155,7 +187,12 @@ double Decoder::backward(const Tensor& targets, float grad_scale) {
   }
   {
     UnitScope u(hooks_, 0);
-    if (pos_embed_) pos_embed_->backward(abs_pos_.i32(), B * T, dx);
+    if (pos_embed_) {  // this rank's rows under sequence parallel: a partial gradient
+      nn::SequencePartialGrads partial(tp, {pos_embed_->weight()});
+      const int64_t first = tp.sequence_split() ? tp.first(B * T) : 0;
+      pos_embed_->backward(abs_pos_.i32() + first, dx.numel() / C, dx);
+      partial.sum_over_sequence();
+    }
     tok_embed_.backward(ids_.i32(), B * T, dx);
   }
   tied.reset();
@@ -189,6 +226,8 @@ const Tensor& Decoder::forward_cached(const Tensor& ids, KVCache& cache) {
   for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(past + i);
   nn::Positions where;
   rope_tables(pos.data(), n, where.rope_cos, where.rope_sin);
+  where.batch = 1;
+  where.seq = n;
   nn::ensure(x0_, {1, n, spec_.hidden});
   embed(ids.i32(), pos.data(), n, x0_);
   const Tensor* x = &x0_;

@@ -8,6 +8,13 @@
 // vocabulary-parallel (nn/lm_head.h: forward returns this rank's slice of the logits, the
 // columns [vocab_first(), +Vl)), the blocks split as their factories build them; norms and
 // learned positions are replicated. Generation (forward_cached) runs on one rank.
+// Sequence parallel (spec.tp.sequence_parallel): the residual stream between embedding and
+// head is this rank's token rows [N/tp, C] of the [N = B*T, C] tokens (B*T must divide by
+// tp). The embedding reduce-scatters its lookups to those rows (and adds the learned
+// positions of those rows), the blocks gather and scatter around attention and MLP
+// (nn/prenorm_block.h), and the final norm's rows are gathered for the head, which sees all
+// tokens: forward returns logits [B, T, Vl] as without. The gradients of the learned
+// positions and the final norm, partial then, are summed over the group.
 //
 // Positions: a row's tokens sit at 0..T-1 or at the packed ids given; a KV prefix of length
 // P shifts them to P.. for the learned position table and the rotary tables, as transformers
@@ -75,7 +82,13 @@ class Decoder : public CausalLM {
 
  private:
   // Token rows x [N, C] (N = ids' count) = token table rows (+ position rows at abs_pos).
+  // Sequence parallel: x is this rank's rows [N/tp, C] of them.
   void embed(const int32_t* ids, const int32_t* abs_pos, int64_t N, Tensor& x);
+  // The head's input from the final norm's output: itself, or under sequence parallel its
+  // rows gathered to [B, T, C] (head_in_).
+  const Tensor& gather_for_head(const Tensor& normed);
+  // The shape of the residual stream for a [B, T] batch: [B, T, C] or this rank's rows.
+  Shape stream_shape(int64_t B, int64_t T) const;
   // abs_pos_ and the rotary tables for the position ids pos_ shifted by the prefix length.
   void set_positions();
   // Rotary tables [n, D/2] at positions `pos` (none when the model has no rotary embedding).
@@ -90,6 +103,7 @@ class Decoder : public CausalLM {
   std::unique_ptr<nn::LMHead> head_;
   nn::Scratch scratch_;
   Tensor ids_, x0_;
+  Tensor head_in_;              // sequence parallel: the final norm's rows gathered [B, T, C]
   Tensor pos_, abs_pos_;        // position ids [B, T] of the forward; + prefix length
   nn::Positions where_;         // what the blocks see (packed ids, rotary tables)
   bool pos_is_custom_ = false;  // pos_ came from the caller (packed rows)

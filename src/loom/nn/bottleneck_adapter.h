@@ -5,9 +5,11 @@
 // Names: <block>.attn_adapter.{down,up}.{weight,bias} and <block>.mlp_adapter.*.
 //   forward : h [..., C] -> y [..., C]   (saves down's output and act's output)
 //   backward: dy -> dh += dy + adapter'(dy)
+//   params  : down and up weights and biases (sequence parallel sums their gradients)
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "loom/nn/buffers.h"
 #include "loom/nn/linear.h"
@@ -25,6 +27,9 @@ class BottleneckAdapter {
   BottleneckAdapter(ParamStore& ps, const std::string& name, int64_t C, const AdapterSpec& s);
   const Tensor& forward(const Tensor& h);
   void backward(const Tensor& dy, const Tensor& dh, Scratch& scratch);
+  std::vector<Parameter*> params() const {
+    return {down_.weight(), down_.bias(), up_.weight(), up_.bias()};
+  }
 
  private:
   AdapterSpec spec_;

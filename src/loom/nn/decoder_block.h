@@ -2,6 +2,8 @@
 // one GPT-2 and the Llama family share).
 //   forward       : x [B, T, C] -> out [B, T, C]  (owned by the block; saves what backward needs)
 //   backward      : dout [B, T, C] -> dx += ...   (dx zeroed by the caller)
+//   Under sequence parallel (nn/tensor_parallel.h) x, out, dout and dx are this rank's rows
+//   [N/tp, C] of the [N = B*T, C] tokens; Positions says what B and T are.
 //   forward_cached: inference, batch 1: x [1, n, C] at positions past.., appending the layer's
 //                   keys and values to kc/vc [capacity, kv width] at rows past..past+n-1
 #pragma once
@@ -20,10 +22,12 @@ namespace loom::nn {
 // Where the tokens of a forward sit, as attention needs it. packed: position ids [B*T] of
 // packed rows (attention stays inside each sample), or null (plain causal rows). rope_cos /
 // rope_sin [B*T, D/2]: rotary tables at the tokens' absolute positions (a KV prefix's length
-// included); undefined for models without rotary embeddings.
+// included); undefined for models without rotary embeddings. batch, seq: B and T, the shape
+// a sequence-parallel block gathers its rows into.
 struct Positions {
   const int32_t* packed = nullptr;
   Tensor rope_cos, rope_sin;
+  int64_t batch = 0, seq = 0;
 };
 
 class DecoderBlock {

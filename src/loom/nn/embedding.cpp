@@ -4,6 +4,7 @@
 #include <string>
 
 #include "loom/kernels/cpu/embedding.h"
+#include "loom/nn/buffers.h"
 #include "loom/nn/weight_ops.h"
 #include "loom/util/error.h"
 
@@ -41,8 +42,12 @@ void VocabParallelEmbedding::forward(const int32_t* ids, int64_t N, const Tensor
     LOOM_CHECK(ids[n] >= 0 && ids[n] < V_,
                "token id " + std::to_string(ids[n]) + " at position " + std::to_string(n) +
                    " is outside the vocabulary of " + std::to_string(V_));
+  // Under sequence parallel the lookups of all N tokens go to full_, and out gets this
+  // rank's rows of their sum.
+  const bool split = tp_.sequence_split();
+  if (split) ensure(full_, {N, C_});
   const float* table = w_->value.f32();
-  float* o = out.f32();
+  float* o = split ? full_.f32() : out.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const int64_t r = ids[n] - first_;
@@ -51,7 +56,10 @@ void VocabParallelEmbedding::forward(const int32_t* ids, int64_t N, const Tensor
     else
       std::memset(o + n * C_, 0, C_ * sizeof(float));
   }
-  reduce_from_region_forward(tp_, out);
+  if (split)
+    reduce_scatter_to_sequence_forward(tp_, full_, out);
+  else
+    reduce_from_region_forward(tp_, out);
 }
 
 void VocabParallelEmbedding::backward(const int32_t* ids, int64_t N, const Tensor& dout) {
@@ -59,6 +67,11 @@ void VocabParallelEmbedding::backward(const int32_t* ids, int64_t N, const Tenso
   if (!tp_.active()) return kernels::embedding_backward(w_->grad.f32(), ids, N, dout.f32(), C_);
   float* g = w_->grad.f32();
   const float* d = dout.f32();
+  if (tp_.sequence_split()) {  // this rank's rows: every rank's rows of dout are needed
+    ensure(full_, {N, C_});
+    reduce_scatter_to_sequence_backward(tp_, dout, full_);
+    d = full_.f32();
+  }
   for (int64_t n = 0; n < N; ++n) {  // serial: ids repeat
     const int64_t r = ids[n] - first_;
     if (r < 0 || r >= rows_) continue;

@@ -26,6 +26,9 @@ class Embedding {
 // (nn/tensor_parallel.h; the vocabulary padded to a multiple of tp, the padding never held).
 //   forward : out [N, C] = g(rows of the ids in this rank's range, zeros for the others)
 //   backward: dout [N, C] (replicated) scattered into this rank's rows; no communication
+// With tp.sequence_parallel, g is a reduce-scatter to this rank's token rows instead:
+//   forward : ids [N] (all tokens) -> out [N/tp, C], rows [r N/tp, (r+1) N/tp)
+//   backward: dout [N/tp, C] all-gathered to [N, C], then scattered as above
 // On one rank it is an Embedding.
 class VocabParallelEmbedding {
  public:
@@ -39,6 +42,7 @@ class VocabParallelEmbedding {
   Parameter* w_;
   int64_t V_, C_, first_ = 0, rows_;
   TensorParallel tp_;
+  Tensor full_;  // sequence parallel: the partial lookups / gathered dout [N, C]
 };
 
 }  // namespace loom::nn

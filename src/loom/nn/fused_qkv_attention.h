@@ -6,6 +6,8 @@
 // Tensor parallel (Megatron): c_attn is column-parallel with q, k and v each split, so a
 // rank holds NH/tp whole heads and C above reads C/tp; c_proj is row-parallel. x must be
 // replicated; dx is then a partial sum over the ranks (the block applies f's backward).
+// Under sequence parallel x is the block's gathered rows and c_proj reduce-scatters: y and
+// dy are this rank's rows [B*T/tp, C] (nn/linear.h).
 #pragma once
 
 #include <string>

@@ -2,7 +2,8 @@
 //   forward : x [B, T, C] -> y [B, T, C]  (saves pre-activation h [B,T,4C] and GELU(h))
 //   backward: dy -> dx += ...             (scratch: dg, dh [B,T,4C])
 // Tensor parallel: c_fc column-parallel, c_proj row-parallel (the hidden 4C split); x
-// replicated, dx a partial sum (the block applies f's backward).
+// replicated, dx a partial sum (the block applies f's backward). Under sequence parallel
+// c_proj reduce-scatters: y and dy are this rank's rows [B*T/tp, C] (nn/linear.h).
 #pragma once
 
 #include <string>

@@ -8,6 +8,8 @@
 // query heads and NKV/tp key/value heads, or, when tp exceeds NKV (tp a multiple of it), the
 // one KV head its query heads use, replicated over tp/NKV ranks (their gradients summed).
 // x must be replicated; dx is then a partial sum (the block applies f's backward).
+// Under sequence parallel x is the block's gathered rows and o_proj reduce-scatters: y and
+// dy are this rank's rows [B*T/tp, C] (nn/linear.h).
 #pragma once
 
 #include <string>

@@ -53,6 +53,7 @@ LoRA& Linear::attach_lora(ParamStore& ps, const LoraSpec& spec, const DropoutCon
 const Tensor& Linear::forward(const Tensor& x) {
   LOOM_CHECK(x.dim(-1) == in_, w_->name + ": input " + shape_str(x.shape()) + " does not end in " +
                                    std::to_string(in_));
+  if (split_ == Split::row && tp_.sequence_split()) return forward_to_sequence(x);
   Shape ys = x.shape();
   ys.back() = out_;
   ensure(y_, ys);
@@ -67,6 +68,20 @@ const Tensor& Linear::forward(const Tensor& x) {
   weight_forward(y_.f32(), x.f32(), *w_, nullptr, N);
   reduce_from_region_forward(tp_, y_);
   if (b_) kernels::add_rows(y_.f32(), b_->value.f32(), N, out_);
+  return y_;
+}
+
+// Row-parallel under sequence parallel: x [N, in/tp] -> partial sums [N, out],
+// reduce-scattered to this rank's rows y [N/tp, out], then the bias on those rows.
+const Tensor& Linear::forward_to_sequence(const Tensor& x) {
+  LOOM_CHECK(!lora_, name_ + ": LoRA under sequence parallelism is not supported yet");
+  const int64_t N = x.numel() / in_;
+  ensure(full_, {N, out_});
+  ensure(y_, {tp_.share(N), out_});
+  x_ = x;
+  weight_forward(full_.f32(), x.f32(), *w_, nullptr, N);
+  reduce_scatter_to_sequence_forward(tp_, full_, y_);
+  if (b_) kernels::add_rows(y_.f32(), b_->value.f32(), y_.dim(0), out_);
   return y_;
 }
 
@@ -101,7 +116,13 @@ void Linear::backward(const Tensor& dy, const Tensor& dx) {
     return;
   }
   // Row-parallel: dy is replicated (g's backward is the identity); the bias gradient is
-  // the same on every rank.
+  // the same on every rank. Under sequence parallel dy holds this rank's rows [N/tp, out]:
+  // all-gathered to [N, out] (the reduce-scatter's backward) first.
+  if (split_ == Split::row && tp_.sequence_split()) {
+    reduce_scatter_to_sequence_backward(tp_, dy, full_);
+    weight_backward(dxp, full_.f32(), x_.f32(), *w_, b_, N);
+    return;
+  }
   weight_backward(dxp, dy.f32(), x_.f32(), *w_, b_, N);
   if (lora_) lora_->backward(dy, dx);
 }

@@ -10,6 +10,10 @@
 //           The caller applies f (copy_to_region) once before the layers that share x.
 //   row   : input columns split, W [out, in/tp]; x [..., in/tp] -> partial sums, reduced
 //           here (g), then the whole bias added once.
+//           With tp.sequence_parallel the reduce is a reduce-scatter to this rank's rows:
+//           x [N, in/tp] (N rows, all tokens) -> y [N/tp, out], the bias added to those;
+//           backward takes dy [N/tp, out] and all-gathers it to [N, out] first, so the bias
+//           gradient (summed over all N rows) is whole on every rank, as without.
 #pragma once
 
 #include <memory>
@@ -48,6 +52,8 @@ class Linear {
          float init_std, Split split, const TensorParallel& tp, int parts, int replicas);
 
  private:
+  const Tensor& forward_to_sequence(const Tensor& x);  // row-parallel, sequence parallel
+
   std::string name_;
   Parameter* w_;
   Parameter* b_ = nullptr;
@@ -57,6 +63,7 @@ class Linear {
   int replicas_ = 1;
   std::unique_ptr<LoRA> lora_;
   Tensor x_, y_;
+  Tensor full_;  // row-parallel, sequence parallel: partial sums / gathered dy [N, out]
 };
 
 // Megatron's ColumnParallelLinear (gather_output=False): y [..., out/tp] = x W_r^T + b_r.

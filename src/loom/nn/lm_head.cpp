@@ -44,7 +44,7 @@ double LMHead::backward(const Tensor& targets, float grad_scale, const Tensor& d
     kernels::vp_backward(x, t, N, Vl, v0_, mx.data(), stats.data(), grad_scale);
   }
   weight_backward(dh.f32(), x, h_.f32(), *w_, nullptr, N);
-  copy_to_region_backward(tp_, dh);
+  if (!tp_.sequence_split()) copy_to_region_backward(tp_, dh);
   return loss_sum;
 }
 

@@ -10,7 +10,9 @@
 // the vocabulary): W holds rows [v0, v0 + Vl) of the full table (its shard), the logits are
 // that slice, and the loss is Megatron's vocab-parallel cross-entropy (row max, target
 // logit and sum of exponentials reduced over the tp group; its backward needs none). h is
-// replicated, so dh is a partial sum: backward all-reduces it (f's backward).
+// replicated, so dh is a partial sum: backward all-reduces it (f's backward). Under sequence
+// parallel the caller gathered h from the ranks' rows and its gather_from_sequence_backward
+// reduce-scatters dh, which sums it: backward leaves dh the partial sum.
 #pragma once
 
 #include "loom/nn/parameter.h"

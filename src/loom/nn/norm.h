@@ -2,8 +2,12 @@
 // family), so the final norm can be either; blocks hold the concrete type.
 //   forward : x [..., C] -> y [..., C]   (owned by the layer, saved for backward)
 //   backward: dy -> dx += ...
+//   params  : its parameters (sequence parallel sums their gradients over the tp group)
 #pragma once
 
+#include <vector>
+
+#include "loom/nn/parameter.h"
 #include "loom/tensor/tensor.h"
 
 namespace loom::nn {
@@ -14,6 +18,7 @@ class Norm {
   virtual const Tensor& forward(const Tensor& x) = 0;
   virtual void backward(const Tensor& dy, const Tensor& dx) = 0;
   virtual const Tensor& output() const = 0;  // last forward's y
+  virtual std::vector<Parameter*> params() const = 0;
 };
 
 }  // namespace loom::nn

@@ -10,6 +10,11 @@
 // row-parallel one (its reduce is g), so each is entered through f: backward all-reduces
 // the gradient at their input once (nn/tensor_parallel.h). Norms and adapters are
 // replicated.
+// Sequence parallel: x, h and out are this rank's rows [N/tp, C] (N = B*T), and so are the
+// norms' and adapters' inputs and outputs. A norm's output rows are gathered to [B, T, C]
+// (gather_from_sequence: f's place) for attention or the MLP, whose row-parallel layer
+// reduce-scatters back to rows (g's place). The norms and adapters then see only this
+// rank's rows: backward sums their gradients over the group (SequencePartialGrads).
 #pragma once
 
 #include <memory>
@@ -32,25 +37,27 @@ class PreNormBlock final : public DecoderBlock {
   Attn& attn() { return attn_; }
 
   const Tensor& forward(const Tensor& x, const Positions& p) override {
-    return finish(x, attn_.forward(norm1_.forward(x), p));
+    return finish(x, p, attn_.forward(enter(norm1_.forward(x), p, attn_in_), p));
   }
   const Tensor& forward_cached(const Tensor& x, const Positions& p, const Tensor& kc,
                                const Tensor& vc, int64_t past) override {
-    return finish(x, attn_.forward_cached(norm1_.forward(x), p, kc, vc, past));
+    return finish(x, p, attn_.forward_cached(norm1_.forward(x), p, kc, vc, past));
   }
 
   void backward(const Tensor& dout, const Tensor& dx, Scratch& scratch) override {
+    SequencePartialGrads partial(tp_, replicated_params());
+    // The sublayers' inputs are [B, T, C] (gathered rows under SP, where dout is rows).
+    const Shape in = tp_.sequence_split() ? attn_in_.shape() : dout.shape();
     Tensor dh = scratch.zeros("block.dh", dout.shape());  // gradient at h
     dh.copy_from(dout);
-    Tensor dn = scratch.zeros("block.dn", dout.shape());  // gradient at a norm's output
+    Tensor dn = scratch.zeros("block.dn", in);
     mlp_.backward(through(mlp_adapter_.get(), dout, scratch), dn, scratch);
-    copy_to_region_backward(tp_, dn);
-    norm2_.backward(dn, dh);
-    dn = scratch.zeros("block.dn", dout.shape());
+    norm2_.backward(enter_backward(dn, dout.shape(), scratch), dh);
+    dn = scratch.zeros("block.dn", in);
     attn_.backward(through(attn_adapter_.get(), dh, scratch), dn, scratch);
-    copy_to_region_backward(tp_, dn);
-    norm1_.backward(dn, dx);
+    norm1_.backward(enter_backward(dn, dout.shape(), scratch), dx);
     kernels::add_inplace(dx.f32(), dh.f32(), dx.numel());
+    partial.sum_over_sequence();
   }
 
   void linears(std::vector<Linear*>& out) override {
@@ -70,15 +77,48 @@ class PreNormBlock final : public DecoderBlock {
 
  private:
   // x [B, T, C], attention output [B, T, C] -> the block's output (residuals, MLP, adapters).
-  const Tensor& finish(const Tensor& x, const Tensor& attn_out) {
+  // (Sequence parallel: all three are this rank's rows [N/tp, C].)
+  const Tensor& finish(const Tensor& x, const Positions& p, const Tensor& attn_out) {
     ensure(h_, x.shape());
     ensure(out_, x.shape());
     const Tensor& a = attn_adapter_ ? attn_adapter_->forward(attn_out) : attn_out;
     kernels::add(h_.f32(), x.f32(), a.f32(), x.numel());
-    const Tensor& m0 = mlp_.forward(norm2_.forward(h_));
+    const Tensor& m0 = mlp_.forward(enter(norm2_.forward(h_), p, mlp_in_));
     const Tensor& m = mlp_adapter_ ? mlp_adapter_->forward(m0) : m0;
     kernels::add(out_.f32(), h_.f32(), m.f32(), x.numel());
     return out_;
+  }
+
+  // A sublayer's input from a norm's output n: n itself (f's forward is the identity), or
+  // under sequence parallel all ranks' rows of it gathered into `full` [B, T, C].
+  const Tensor& enter(const Tensor& n, const Positions& p, Tensor& full) {
+    if (!tp_.sequence_split()) return n;
+    ensure(full, {p.batch, p.seq, n.dim(-1)});
+    gather_from_sequence_forward(tp_, n, full);
+    return full;
+  }
+
+  // The gradient at a norm's output (shape `rows`) from dn, the partial sums at its
+  // sublayer's input: f's backward all-reduces dn in place; gather_from_sequence's
+  // reduce-scatters it to this rank's rows.
+  Tensor enter_backward(const Tensor& dn, const Shape& rows, Scratch& scratch) {
+    if (!tp_.sequence_split()) {
+      copy_to_region_backward(tp_, dn);
+      return dn;
+    }
+    Tensor d = scratch.zeros("block.dn_rows", rows);
+    gather_from_sequence_backward(tp_, dn, d);
+    return d;
+  }
+
+  // Parameters replicated over the tp group (their gradients are partial under SP).
+  std::vector<Parameter*> replicated_params() const {
+    std::vector<Parameter*> out = norm1_.params();
+    for (Parameter* p : norm2_.params()) out.push_back(p);
+    for (const auto* ad : {attn_adapter_.get(), mlp_adapter_.get()})
+      if (ad)
+        for (Parameter* p : ad->params()) out.push_back(p);
+    return out;
   }
 
   // The gradient at a sublayer's output, given the gradient at its adapter's output.
@@ -94,7 +134,8 @@ class PreNormBlock final : public DecoderBlock {
   Mlp mlp_;
   TensorParallel tp_;
   std::unique_ptr<BottleneckAdapter> attn_adapter_, mlp_adapter_;
-  Tensor h_, out_;  // residual after attention, block output
+  Tensor h_, out_;           // residual after attention, block output
+  Tensor attn_in_, mlp_in_;  // sequence parallel: the gathered norm outputs [B, T, C]
 };
 
 }  // namespace loom::nn

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "loom/nn/norm.h"
 #include "loom/nn/parameter.h"
@@ -16,6 +17,7 @@ class RMSNorm final : public Norm {
   const Tensor& forward(const Tensor& x) override;
   void backward(const Tensor& dy, const Tensor& dx) override;
   const Tensor& output() const override { return y_; }
+  std::vector<Parameter*> params() const override { return {w_}; }
   Parameter* weight() const { return w_; }
 
  private:

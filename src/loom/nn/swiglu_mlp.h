@@ -2,7 +2,8 @@
 //   forward : x [B, T, C] -> y [B, T, C]   (saves gate and up outputs [B,T,I], h = swiglu)
 //   backward: dy -> dx += ...              (scratch: dh, dg, du [B,T,I])
 // Tensor parallel: gate and up column-parallel, down row-parallel (I split); x replicated,
-// dx a partial sum (the block applies f's backward).
+// dx a partial sum (the block applies f's backward). Under sequence parallel down_proj
+// reduce-scatters: y and dy are this rank's rows [B*T/tp, C] (nn/linear.h).
 #pragma once
 
 #include <string>

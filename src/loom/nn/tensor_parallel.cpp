@@ -60,4 +60,27 @@ void reduce_scatter_to_sequence_backward(const TensorParallel& tp, const Tensor&
   gather_from_sequence_forward(tp, dlocal, dfull);
 }
 
+SequencePartialGrads::SequencePartialGrads(const TensorParallel& tp,
+                                           const std::vector<Parameter*>& params)
+    : tp_(tp) {
+  if (!tp.sequence_split()) return;
+  for (Parameter* p : params)
+    if (p && p->trainable) params_.push_back(p);
+  for (const Parameter* p : params_)
+    before_.insert(before_.end(), p->grad.f32(), p->grad.f32() + p->grad.numel());
+}
+
+void SequencePartialGrads::sum_over_sequence() {
+  if (params_.empty()) return;
+  // This backward's contribution, summed over the ranks' rows.
+  std::vector<float> delta(before_.size());
+  size_t at = 0;
+  for (const Parameter* p : params_)
+    for (int64_t i = 0; i < p->grad.numel(); ++i, ++at) delta[at] = p->grad.f32()[i] - before_[at];
+  tp_.comm->all_reduce_sum(delta.data(), static_cast<int64_t>(delta.size()));
+  at = 0;
+  for (Parameter* p : params_)
+    for (int64_t i = 0; i < p->grad.numel(); ++i, ++at) p->grad.f32()[i] = before_[at] + delta[at];
+}
+
 }  // namespace loom::nn

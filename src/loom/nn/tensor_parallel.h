@@ -12,10 +12,14 @@
 //   reduce_scatter_to_sequence: forward reduce-scatter,        backward all-gather
 // Each layer in a block calls the forward of a mapping in its forward and the backward of
 // the same mapping in its backward, so one grep for these names finds every TP collective.
+// Sequence parallel adds one more: replicated parameters whose layers see only this rank's
+// rows (norms, adapters, learned positions) get partial gradients, which
+// SequencePartialGrads::sum_over_sequence sums over the group after each backward.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "loom/dist/communicator.h"
 #include "loom/nn/parameter.h"
@@ -33,6 +37,8 @@ struct TensorParallel {
   int size() const { return comm ? comm->size() : layout_size; }
   int rank() const { return comm ? comm->rank() : layout_rank; }
   bool active() const { return size() > 1; }
+  // Sequence parallel in effect: the activations between the TP regions are split by rows.
+  bool sequence_split() const { return sequence_parallel && active(); }
   // An extent n split evenly: this rank's share and where it starts.
   int64_t share(int64_t n) const { return n / size(); }
   int64_t first(int64_t n) const { return rank() * share(n); }
@@ -55,5 +61,22 @@ void reduce_scatter_to_sequence_forward(const TensorParallel& tp, const Tensor& 
                                         const Tensor& local);
 void reduce_scatter_to_sequence_backward(const TensorParallel& tp, const Tensor& dlocal,
                                          const Tensor& dfull);
+
+// Sequence parallel: the gradients of replicated parameters that saw only this rank's rows
+// are partial sums over the tp group. Built before a backward, this snapshots their
+// gradients; sum_over_sequence() after it all-reduces what that backward added (one
+// collective for all of them, on a copy) and adds the sum back. The accumulated gradient is
+// never reduced itself, so earlier micro-batches' contributions are not summed again. Frozen
+// parameters are skipped; without sequence_split() both calls do nothing.
+class SequencePartialGrads {
+ public:
+  SequencePartialGrads(const TensorParallel& tp, const std::vector<Parameter*>& params);
+  void sum_over_sequence();
+
+ private:
+  TensorParallel tp_;
+  std::vector<Parameter*> params_;  // the trainable ones
+  std::vector<float> before_;       // their gradients, concatenated, before the backward
+};
 
 }  // namespace loom::nn
