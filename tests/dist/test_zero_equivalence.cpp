@@ -10,9 +10,10 @@
 //   - resume: a ZeRO-3 checkpoint after 10 steps continues on one process, at ZeRO-2 on the
 //     same ranks, and (saved on 4) at ZeRO-2 on 2 ranks, exactly as the uninterrupted run;
 //   - tensor parallelism: GPT-2 (tied) at tp2 and tp4, Llama GQA at tp2 and tp4 (key/value
-//     heads replicated), Qwen2 (q/k/v bias, untied) at tp2, and tp2 with ZeRO 1, 2, 3 over
-//     the dp group (tp2 x dp2 on 4 ranks), the same 20 steps; a tp2 (x dp2) checkpoint
-//     resumed on one process, at tp4 and at ZeRO-2.
+//     heads replicated), Qwen2 (q/k/v bias, untied) at tp2, each with and without sequence
+//     parallel, and tp2 with ZeRO 1, 2, 3 over the dp group (tp2 x dp2 on 4 ranks), the same
+//     20 steps; LoRA (dropout on) at tp2, its adapter folder equal to one process's; a tp2
+//     (x dp2) checkpoint resumed on one process, at tp4 and at ZeRO-2.
 // The one-process reference runs on rank 0 alone (a LocalComm) while the others wait.
 #include <gtest/gtest.h>
 
@@ -151,6 +152,23 @@ void expect_same(const Trained& ref, const Trained& got, size_t first_step,
   }
 }
 
+// The saved adapter folders (full tensors) of two runs are equal.
+void expect_same_adapter(const fs::path& want, const fs::path& got, const std::string& what) {
+  if (g_world->rank() != 0) return;
+  auto a = io::SafetensorsFile::open(want / "adapter_model.safetensors");
+  auto b = io::SafetensorsFile::open(got / "adapter_model.safetensors");
+  ASSERT_EQ(a.tensors().size(), b.tensors().size()) << what;
+  for (const auto& t : a.tensors()) {
+    const io::StTensorView* u = b.find(t.name);
+    ASSERT_NE(u, nullptr) << what << ": " << t.name;
+    ASSERT_EQ(t.shape, u->shape) << what << ": " << t.name << " must be the full tensor";
+    EXPECT_LE(test::rel_err(reinterpret_cast<const float*>(u->data.data()),
+                            reinterpret_cast<const float*>(t.data.data()), t.numel()),
+              1e-5)
+        << what << ": " << t.name;
+  }
+}
+
 // The one-process run, on rank 0 only (other ranks get an empty Trained and wait); a
 // failure there fails the test instead of leaving the others in the barrier.
 Trained reference(const nlohmann::json& j, int64_t steps = 20, const fs::path& save_to = {}) {
@@ -195,19 +213,7 @@ TEST(ZeroLora, Stage3AdapterEqualsOneProcess) {
   j["zero_optimization"] = {{"stage", 3}};
   const Trained got = train(j, *g_world, 20, zero3);
   expect_same(ref, got, 0, "LoRA ZeRO-3");
-  if (g_world->rank() != 0) return;
-  auto a = io::SafetensorsFile::open(one / "adapter_model.safetensors");
-  auto b = io::SafetensorsFile::open(zero3 / "adapter_model.safetensors");
-  ASSERT_EQ(a.tensors().size(), b.tensors().size());
-  for (const auto& t : a.tensors()) {
-    const io::StTensorView* u = b.find(t.name);
-    ASSERT_NE(u, nullptr) << t.name;
-    ASSERT_EQ(t.shape, u->shape) << t.name << ": a ZeRO-3 adapter must hold the full tensor";
-    EXPECT_LE(test::rel_err(reinterpret_cast<const float*>(u->data.data()),
-                            reinterpret_cast<const float*>(t.data.data()), t.numel()),
-              1e-5)
-        << t.name;
-  }
+  expect_same_adapter(one, zero3, "LoRA ZeRO-3");
 }
 
 TEST(ZeroResume, Stage3CheckpointContinuesOnOneProcessAndAtStage2) {
@@ -281,10 +287,35 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelTraining,
                                            TpCase{"llama_gqa_tp4_kv_replicated", "llama", 4, false,
                                                   0},
                                            TpCase{"qwen2_tp2", "qwen2", 2, false, 0},
-                                           TpCase{"gpt2_tp2_zero1", "gpt2", 2, false, 1},
+                                           TpCase{"gpt2_tp2_sp", "gpt2", 2, true, 0},
+                      TpCase{"gpt2_tp4_sp", "gpt2", 4, true, 0},
+                      TpCase{"llama_gqa_tp2_sp", "llama", 2, true, 0},
+                      TpCase{"llama_gqa_tp4_kv_replicated_sp", "llama", 4, true, 0},
+                      TpCase{"qwen2_tp2_sp", "qwen2", 2, true, 0},
+                      TpCase{"gpt2_tp2_zero1", "gpt2", 2, false, 1},
+                      TpCase{"gpt2_tp2_sp_zero2", "gpt2", 2, true, 2},
                                            TpCase{"llama_tp2_zero2", "llama", 2, false, 2},
                                            TpCase{"llama_tp2_zero3", "llama", 2, false, 3}),
                          [](const ::testing::TestParamInfo<TpCase>& i) { return i.param.name; });
+
+// LoRA (dropout on) on every linear layer at tp2 (x dp2 on 4 ranks): the run and the adapter
+// folder it saves equal one process's.
+TEST(TensorParallelLora, Tp2AdapterEqualsOneProcess) {
+  if (g_world->size() % 2 != 0) GTEST_SKIP() << "world " << g_world->size();
+  nlohmann::json j = base_config("llama");
+  j["peft"] = {{"method", "lora"},
+               {"r", 4},
+               {"lora_alpha", 8},
+               {"lora_dropout", 0.1},
+               {"target_modules", "all-linear"}};
+  j["optimizer"]["params"]["lr"] = 1e-2;
+  const fs::path one = job_dir() / "tp-lora-one", split = job_dir() / "tp-lora-tp2";
+  const Trained ref = reference(j, 20, one);
+  j["tensor_parallel"] = {{"size", 2}};
+  const Trained got = train(j, *g_world, 20, split);
+  expect_same(ref, got, 0, "LoRA tp2");
+  expect_same_adapter(one, split, "LoRA tp2");
+}
 
 // A checkpoint saved at tp2 (x dp2 on 4 ranks) after 10 steps continues on one process and
 // at tp4 exactly as the uninterrupted run: model and optimizer state in full coordinates.
