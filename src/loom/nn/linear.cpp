@@ -72,18 +72,15 @@ const Tensor& Linear::forward(const Tensor& x) {
 
 namespace {
 // Parameter p's gradient of this backward alone, summed over the ranks holding the same
-// slice: each rank adds its slice's partial into a zeroed [slices, numel] buffer at its
-// slice's place, one all-reduce over the tp group sums the replicas, and each takes its
-// own slice back. `before` is p's gradient as it was before this backward.
-void sum_over_replicas(const TensorParallel& tp, int replicas, Parameter& p,
-                       const std::vector<float>& before) {
+// slice (nn/tensor_parallel.h). `before` is p's gradient as it was before this backward.
+void sum_grad_over_replicas(const TensorParallel& tp, int replicas, Parameter& p,
+                            const std::vector<float>& before) {
   const int64_t n = p.grad.numel();
-  const int slices = tp.size() / replicas, slice = tp.rank() / replicas;
-  std::vector<float> buf(static_cast<size_t>(slices * n), 0.0f);
   float* g = p.grad.f32();
-  for (int64_t i = 0; i < n; ++i) buf[slice * n + i] = g[i] - before[i];
-  tp.comm->all_reduce_sum(buf.data(), static_cast<int64_t>(buf.size()));
-  for (int64_t i = 0; i < n; ++i) g[i] = before[i] + buf[slice * n + i];
+  std::vector<float> part(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) part[i] = g[i] - before[i];
+  sum_over_replicas(tp, replicas, part.data(), n);
+  for (int64_t i = 0; i < n; ++i) g[i] = before[i] + part[i];
 }
 }  // namespace
 
@@ -96,8 +93,8 @@ void Linear::backward(const Tensor& dy, const Tensor& dx) {
     if (w_->trainable) wb.assign(w_->grad.f32(), w_->grad.f32() + w_->grad.numel());
     if (b_ && b_->trainable) bb.assign(b_->grad.f32(), b_->grad.f32() + b_->grad.numel());
     weight_backward(dxp, dy.f32(), x_.f32(), *w_, b_, N);
-    if (w_->trainable) sum_over_replicas(tp_, replicas_, *w_, wb);
-    if (b_ && b_->trainable) sum_over_replicas(tp_, replicas_, *b_, bb);
+    if (w_->trainable) sum_grad_over_replicas(tp_, replicas_, *w_, wb);
+    if (b_ && b_->trainable) sum_grad_over_replicas(tp_, replicas_, *b_, bb);
     return;
   }
   // Row-parallel: dy is replicated (g's backward is the identity); the bias gradient is
