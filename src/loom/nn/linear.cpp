@@ -44,9 +44,9 @@ Linear::Linear(ParamStore& ps, const std::string& name, int64_t in, int64_t out,
 
 LoRA& Linear::attach_lora(ParamStore& ps, const LoraSpec& spec, const DropoutContext* ctx) {
   LOOM_CHECK(!lora_, name_ + ": LoRA attached twice");
-  LOOM_CHECK(split_ == Split::none,
-             name_ + ": LoRA on a tensor-parallel layer is not supported yet");
-  lora_ = std::make_unique<LoRA>(ps, name_, in_, out_, spec, ctx);
+  // Full sizes and W's shard: the branch splits with the layer (nn/lora.h).
+  lora_ = std::make_unique<LoRA>(ps, name_, w_->full_shape[1], w_->full_shape[0], spec, ctx, tp_,
+                                 w_->shard, replicas_);
   return *lora_;
 }
 
@@ -67,6 +67,7 @@ const Tensor& Linear::forward(const Tensor& x) {
   weight_forward(y_.f32(), x.f32(), *w_, nullptr, N);
   reduce_from_region_forward(tp_, y_);
   if (b_) kernels::add_rows(y_.f32(), b_->value.f32(), N, out_);
+  if (lora_) lora_->forward_add(x, y_);  // after the reduction: it reduces its own u
   return y_;
 }
 
@@ -95,6 +96,7 @@ void Linear::backward(const Tensor& dy, const Tensor& dx) {
     weight_backward(dxp, dy.f32(), x_.f32(), *w_, b_, N);
     if (w_->trainable) sum_grad_over_replicas(tp_, replicas_, *w_, wb);
     if (b_ && b_->trainable) sum_grad_over_replicas(tp_, replicas_, *b_, bb);
+    if (lora_) lora_->backward(dy, dx);  // sums its B's gradient over the replicas itself
     return;
   }
   // Row-parallel: dy is replicated (g's backward is the identity); the bias gradient is

@@ -10,6 +10,7 @@
 //           The caller applies f (copy_to_region) once before the layers that share x.
 //   row   : input columns split, W [out, in/tp]; x [..., in/tp] -> partial sums, reduced
 //           here (g), then the whole bias added once.
+// A LoRA branch on a split layer is split with it (nn/lora.h).
 #pragma once
 
 #include <memory>
