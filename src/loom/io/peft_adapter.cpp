@@ -71,10 +71,10 @@ json config_json(models::CausalLM& model, const models::PeftConfig& cfg, const s
     j["alpha_pattern"] = json::object();
   } else if (cfg.method == "prefix") {
     const nn::KVPrefix* pre = model.kv_prefix();
-    const int64_t layers = pre->stride() / (2 * pre->kv_width());
+    const int64_t layers = pre->num_layers();
     j["peft_type"] = "PREFIX_TUNING";
     j["num_virtual_tokens"] = pre->length();
-    j["token_dim"] = pre->kv_width();
+    j["token_dim"] = pre->full_kv_width();
     j["num_attention_heads"] = model.kv_heads();
     j["num_layers"] = layers;
     j["num_transformer_submodules"] = 1;
@@ -241,7 +241,12 @@ void save_adapter(models::CausalLM& model, const models::PeftConfig& cfg, const 
       tensors.push_back(std::move(t));
     }
     if (nn::KVPrefix* pre = model.kv_prefix()) {
-      const Tensor& table = pre->forward();
+      // Without projection the table is the parameter (whole here, nn/full_tensors.h).
+      const Tensor& table = pre->spec().projection ? pre->forward() : pre->embedding()->value;
+      LOOM_CHECK(table.dim(1) == 2 * pre->num_layers() * pre->full_kv_width(),
+                 dir.string() +
+                     ": a projected prefix table split over tensor-parallel ranks "
+                     "cannot be saved (train it with prefix_projection false)");
       tensors.push_back({kPrefixKey, StDType::F32, table.shape(), table.raw(), table.nbytes()});
     }
     write_safetensors(tmp / "adapter_model.safetensors", tensors, {{"format", "pt"}});

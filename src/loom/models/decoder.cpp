@@ -39,8 +39,8 @@ void Decoder::add_bottleneck_adapters(const nn::AdapterSpec& spec) {
 }
 
 void Decoder::add_kv_prefix(const nn::PrefixSpec& spec) {
-  LOOM_CHECK(!spec_.tp.active(), "prefix tuning under tensor parallelism is not supported yet");
-  prefix_ = std::make_unique<nn::KVPrefix>(ps_, spec, spec_.layers, spec_.kv_width);
+  prefix_ = std::make_unique<nn::KVPrefix>(ps_, spec, spec_.layers, spec_.kv_width, spec_.kv_heads,
+                                           spec_.tp);
   for (size_t l = 0; l < blocks_.size(); ++l)
     blocks_[l]->attach_prefix(prefix_.get(), static_cast<int64_t>(l));
   pos_ = Tensor();  // positions now start at P

@@ -6,8 +6,10 @@
 //
 // Tensor parallel (spec.tp): the token table is a VocabParallelEmbedding, the head
 // vocabulary-parallel (nn/lm_head.h: forward returns this rank's slice of the logits, the
-// columns [vocab_first(), +Vl)), the blocks split as their factories build them; norms and
-// learned positions are replicated. Generation (forward_cached) runs on one rank.
+// columns [vocab_first(), +Vl)), the blocks split as their factories build them (LoRA
+// branches with their layers), a KV prefix by key/value head as the attention (nn/lora.h,
+// nn/kv_prefix.h); norms, learned positions and bottleneck adapters are replicated.
+// Generation (forward_cached) runs on one rank.
 // Sequence parallel (spec.tp.sequence_parallel): the residual stream between embedding and
 // head is this rank's token rows [N/tp, C] of the [N = B*T, C] tokens (B*T must divide by
 // tp). The embedding reduce-scatters its lookups to those rows (and adds the learned

@@ -10,6 +10,15 @@
 // with parameters prefix_encoder.embedding.weight, prefix_encoder.transform.{0,2}.{weight,bias}.
 //   forward : -> table [P, L*2*KVD]; also zeroes grad_table()
 //   backward: grad_table() (accumulated by the layers' attention) -> parameter gradients
+// Tensor parallel: split by key/value head as the attention is. A rank holds the columns of
+// its KV heads in each of the 2L key/value blocks: KVD above becomes its width KVD/slices
+// (slices = min(tp, NKV); when tp exceeds NKV, tp/NKV ranks hold the same head), and the
+// table is ShardSpec{1, 2L, first column, KVD/slices} of the full one (table_shard()).
+// Without projection that is the parameter's own shard, so it saves and loads in full
+// coordinates; with projection E, W1, b1 are replicated and W2, b2 column-parallel with
+// the same 2L blocks. Gradients of a replicated head are summed over its replicas (each
+// computes only its query heads' part); with projection the gradient at tanh's output is
+// all-reduced over the group (f's backward: each rank has its columns' part).
 #pragma once
 
 #include <memory>
@@ -28,13 +37,19 @@ struct PrefixSpec {
 
 class KVPrefix {
  public:
-  KVPrefix(ParamStore& ps, const PrefixSpec& spec, int64_t n_layers, int64_t kv_width);
+  // kv_width: the full NKV * head_dim; kv_heads (NKV) and tp only matter when tp is active.
+  KVPrefix(ParamStore& ps, const PrefixSpec& spec, int64_t n_layers, int64_t kv_width,
+           int64_t kv_heads = 1, const TensorParallel& tp = {});
   const Tensor& forward();
   void backward(Scratch& scratch);
 
   int64_t length() const { return spec_.num_virtual_tokens; }
-  int64_t kv_width() const { return kvd_; }
+  int64_t num_layers() const { return layers_; }
+  int64_t kv_width() const { return kvd_; }  // this rank's (KVD/slices under tp)
+  int64_t full_kv_width() const { return kvd_full_; }
   int64_t stride() const { return 2 * layers_ * kvd_; }  // floats between prefix rows
+  // This rank's columns of the full table [P, L*2*KVD] (dim -1: all of it).
+  const ShardSpec& table_shard() const { return table_shard_; }
   const float* keys(int64_t layer) const { return table().f32() + 2 * layer * kvd_; }
   const float* values(int64_t layer) const { return keys(layer) + kvd_; }
   float* grad_keys(int64_t layer) { return grad_.f32() + 2 * layer * kvd_; }
@@ -49,9 +64,13 @@ class KVPrefix {
 
  private:
   PrefixSpec spec_;
-  int64_t layers_, kvd_;
+  int64_t layers_, kvd_full_, kvd_;
+  TensorParallel tp_;
+  int replicas_ = 1;  // ranks holding the same KV heads
+  ShardSpec table_shard_;
   Parameter* emb_;
-  std::unique_ptr<Linear> w1_, w2_;  // projection only
+  std::unique_ptr<Linear> w1_;  // projection only
+  std::unique_ptr<ColumnParallelLinear> w2_;
   Tensor hidden_, act_, grad_;
 };
 

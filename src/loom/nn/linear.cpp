@@ -44,9 +44,9 @@ Linear::Linear(ParamStore& ps, const std::string& name, int64_t in, int64_t out,
 
 LoRA& Linear::attach_lora(ParamStore& ps, const LoraSpec& spec, const DropoutContext* ctx) {
   LOOM_CHECK(!lora_, name_ + ": LoRA attached twice");
-  LOOM_CHECK(split_ == Split::none,
-             name_ + ": LoRA on a tensor-parallel layer is not supported yet");
-  lora_ = std::make_unique<LoRA>(ps, name_, in_, out_, spec, ctx);
+  // Full sizes and W's shard: the branch splits with the layer (nn/lora.h).
+  lora_ = std::make_unique<LoRA>(ps, name_, w_->full_shape[1], w_->full_shape[0], spec, ctx, tp_,
+                                 w_->shard, replicas_);
   return *lora_;
 }
 
@@ -68,6 +68,7 @@ const Tensor& Linear::forward(const Tensor& x) {
   weight_forward(y_.f32(), x.f32(), *w_, nullptr, N);
   reduce_from_region_forward(tp_, y_);
   if (b_) kernels::add_rows(y_.f32(), b_->value.f32(), N, out_);
+  if (lora_) lora_->forward_add(x, y_);  // after the reduction: it reduces its own u
   return y_;
 }
 
@@ -87,18 +88,15 @@ const Tensor& Linear::forward_to_sequence(const Tensor& x) {
 
 namespace {
 // Parameter p's gradient of this backward alone, summed over the ranks holding the same
-// slice: each rank adds its slice's partial into a zeroed [slices, numel] buffer at its
-// slice's place, one all-reduce over the tp group sums the replicas, and each takes its
-// own slice back. `before` is p's gradient as it was before this backward.
-void sum_over_replicas(const TensorParallel& tp, int replicas, Parameter& p,
-                       const std::vector<float>& before) {
+// slice (nn/tensor_parallel.h). `before` is p's gradient as it was before this backward.
+void sum_grad_over_replicas(const TensorParallel& tp, int replicas, Parameter& p,
+                            const std::vector<float>& before) {
   const int64_t n = p.grad.numel();
-  const int slices = tp.size() / replicas, slice = tp.rank() / replicas;
-  std::vector<float> buf(static_cast<size_t>(slices * n), 0.0f);
   float* g = p.grad.f32();
-  for (int64_t i = 0; i < n; ++i) buf[slice * n + i] = g[i] - before[i];
-  tp.comm->all_reduce_sum(buf.data(), static_cast<int64_t>(buf.size()));
-  for (int64_t i = 0; i < n; ++i) g[i] = before[i] + buf[slice * n + i];
+  std::vector<float> part(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) part[i] = g[i] - before[i];
+  sum_over_replicas(tp, replicas, part.data(), n);
+  for (int64_t i = 0; i < n; ++i) g[i] = before[i] + part[i];
 }
 }  // namespace
 
@@ -111,8 +109,9 @@ void Linear::backward(const Tensor& dy, const Tensor& dx) {
     if (w_->trainable) wb.assign(w_->grad.f32(), w_->grad.f32() + w_->grad.numel());
     if (b_ && b_->trainable) bb.assign(b_->grad.f32(), b_->grad.f32() + b_->grad.numel());
     weight_backward(dxp, dy.f32(), x_.f32(), *w_, b_, N);
-    if (w_->trainable) sum_over_replicas(tp_, replicas_, *w_, wb);
-    if (b_ && b_->trainable) sum_over_replicas(tp_, replicas_, *b_, bb);
+    if (w_->trainable) sum_grad_over_replicas(tp_, replicas_, *w_, wb);
+    if (b_ && b_->trainable) sum_grad_over_replicas(tp_, replicas_, *b_, bb);
+    if (lora_) lora_->backward(dy, dx);  // sums its B's gradient over the replicas itself
     return;
   }
   // Row-parallel: dy is replicated (g's backward is the identity); the bias gradient is

@@ -14,6 +14,7 @@
 //           x [N, in/tp] (N rows, all tokens) -> y [N/tp, out], the bias added to those;
 //           backward takes dy [N/tp, out] and all-gathers it to [N, out] first, so the bias
 //           gradient (summed over all N rows) is whole on every rank, as without.
+// A LoRA branch on a split layer is split with it (nn/lora.h).
 #pragma once
 
 #include <memory>

@@ -18,14 +18,36 @@ float LoraSpec::scale() const {
 }
 
 LoRA::LoRA(ParamStore& ps, const std::string& linear_name, int64_t in, int64_t out,
-           const LoraSpec& spec, const DropoutContext* ctx)
-    : spec_(spec), in_(in), out_(out), ctx_(ctx), stream_(stream_id(linear_name + ".lora")) {
+           const LoraSpec& spec, const DropoutContext* ctx, const TensorParallel& tp,
+           const ShardSpec& w_shard, int replicas)
+    : spec_(spec),
+      in_(in),
+      out_(out),
+      tp_(tp),
+      split_dim_(tp.active() ? w_shard.dim : -1),
+      replicas_(replicas),
+      in_full_(in),
+      ctx_(ctx),
+      stream_(stream_id(linear_name + ".lora")) {
   LOOM_CHECK(spec.r > 0, linear_name + ": LoRA rank r must be positive");
   LOOM_CHECK(spec.dropout >= 0.0f && spec.dropout < 1.0f,
              linear_name + ": lora_dropout must be in [0, 1)");
-  a_ = ps.add(linear_name + ".lora_A.weight", {spec.r, in}, ParamKind::Weight, 0.0f);
+  LOOM_CHECK(split_dim_ < 1 || w_shard.parts == 1,
+             linear_name + ": LoRA on a row-parallel layer with blocks is not supported");
+  ShardSpec as, bs;  // B takes W's row slice (column split), A its column slice (row split)
+  if (split_dim_ == 0) {
+    bs = w_shard;
+    out_ = w_shard.parts * w_shard.size;
+  } else if (split_dim_ == 1) {
+    as = w_shard;
+    in_ = w_shard.size;
+    col0_ = w_shard.offset;
+  }
+  // Bound and init from the full sizes and full-tensor indices: every layout starts from
+  // the one-process A.
+  a_ = ps.add(linear_name + ".lora_A.weight", {spec.r, in}, ParamKind::Weight, 0.0f, 0.0f, as);
   a_->init_bound = 1.0f / std::sqrt(static_cast<float>(in));
-  b_ = ps.add(linear_name + ".lora_B.weight", {out, spec.r}, ParamKind::Weight, 0.0f, 0.0f);
+  b_ = ps.add(linear_name + ".lora_B.weight", {out, spec.r}, ParamKind::Weight, 0.0f, 0.0f, bs);
 }
 
 namespace {
@@ -43,7 +65,7 @@ const float* LoRA::dropped_input() const {
   const int64_t N = x_.numel() / in_;
   float* xd = workspace(N * in_);
   std::memcpy(xd, x_.f32(), N * in_ * sizeof(float));
-  dropout_apply(xd, N, in_, spec_.dropout, *ctx_, stream_);
+  dropout_apply(xd, N, in_, spec_.dropout, *ctx_, stream_, col0_, in_full_);
   return xd;
 }
 
@@ -57,6 +79,9 @@ void LoRA::forward_add(const Tensor& x, const Tensor& y) {
   // u[N, r] = xd @ A^T ; y[N, out] += scale * u @ B^T
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, r, in_, 1.0f, xd, in_, a_->value.f32(),
               in_, 0.0f, u_.f32(), r);
+  // Row split: u is this rank's columns' part of A xd; g sums it, so u and B u are whole
+  // (y is already reduced: the branch is added once).
+  if (split_dim_ == 1) reduce_from_region_forward(tp_, u_);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out_, r, spec_.scale(), u_.f32(), r,
               b_->value.f32(), r, 1.0f, y.f32(), out_);
 }
@@ -66,17 +91,47 @@ void LoRA::backward(const Tensor& dy, const Tensor& dx) {
   const int64_t N = u_.dim(0), r = spec_.r;
   const float s = spec_.scale();
   const float* xd = dropped_ ? dropped_input() : x_.f32();
-  // du[N, r] = s * dy @ B
+  // du[N, r] = s * dy @ B. Column split: dy_r, B_r are this rank's outputs only, so this is
+  // its part of du (with replicated KV slices, dy_r is also only this rank's query heads'
+  // part of the slice's gradient; dy is not summed over the replicas here, only dB is
+  // below, so the parts of every rank add up to du exactly once).
   Tensor du = Tensor::zeros({N, r});
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, r, out_, s, dy.f32(), out_,
               b_->value.f32(), r, 0.0f, du.f32(), r);
-  // dB[out, r] += s * dy^T u ; dA[r, in] += du^T xd
-  if (b_->trainable)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out_, r, N, s, dy.f32(), out_, u_.f32(), r,
-                1.0f, b_->grad.f32(), r);
-  if (a_->trainable)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, in_, N, 1.0f, du.f32(), r, xd, in_,
+  // dB[out, r] += s * dy^T u
+  if (b_->trainable) {
+    if (split_dim_ == 0 && replicas_ > 1) {
+      // A replicated slice: B's gradient is summed over its replicas, as W's is.
+      std::vector<float> part(static_cast<size_t>(out_ * r));
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out_, r, N, s, dy.f32(), out_, u_.f32(),
+                  r, 0.0f, part.data(), r);
+      sum_over_replicas(tp_, replicas_, part.data(), out_ * r);
+      float* g = b_->grad.f32();
+      for (int64_t i = 0; i < out_ * r; ++i) g[i] += part[i];
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out_, r, N, s, dy.f32(), out_, u_.f32(),
+                  r, 1.0f, b_->grad.f32(), r);
+    }
+  }
+  // dA[r, in] += du^T xd, with the whole du.
+  if (a_->trainable) {
+    Tensor du_sum = du;
+    if (split_dim_ == 0) {
+      // Column split: A is replicated and needs the sum of the ranks' parts of du. B_r u is
+      // a column-parallel layer over the replicated u, so this is f's backward at u: one
+      // all-reduce of du [N, r] (a copy; dx below takes this rank's part), rather than of
+      // this backward's dA [r, in] (never of A's accumulated gradient, which holds earlier
+      // micro-batches too). N r floats are fewer than r in whenever a micro-batch has fewer
+      // tokens than the layer has inputs, no [r, in] scratch is needed, and every rank then
+      // computes dA from the same du and xd, so the replicated A gets the same gradient
+      // everywhere.
+      du_sum = Tensor::zeros({N, r});
+      du_sum.copy_from(du);
+      copy_to_region_backward(tp_, du_sum);
+    }
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, in_, N, 1.0f, du_sum.f32(), r, xd, in_,
                 1.0f, a_->grad.f32(), in_);
+  }
   if (!dx.defined()) return;
   if (!dropped_) {  // dx += du @ A
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in_, r, 1.0f, du.f32(), r,
@@ -86,7 +141,7 @@ void LoRA::backward(const Tensor& dy, const Tensor& dx) {
   float* dxd = workspace(N * in_);  // xd is no longer needed
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in_, r, 1.0f, du.f32(), r,
               a_->value.f32(), in_, 0.0f, dxd, in_);
-  dropout_apply(dxd, N, in_, spec_.dropout, *ctx_, stream_);
+  dropout_apply(dxd, N, in_, spec_.dropout, *ctx_, stream_, col0_, in_full_);
   float* d = dx.f32();
   const float* g = dxd;
 #pragma omp parallel for schedule(static)

@@ -8,12 +8,29 @@
 //   forward_add: x [N, in], y [N, out] += ...  (saves x and u = A xd [N, r]; the dropout
 //                mask is recomputed in backward, not stored)
 //   backward   : dy [N, out] -> dA, dB accumulate; dx [N, in] += (dropout') scale (dy B) A
+// Tensor parallel: the branch is split with the Linear it sits on (nn/linear.h), as
+// Megatron/NeMo split LoRA, and its parameters keep their PEFT names and full shapes (the
+// slice in their ShardSpec, nn/parameter.h). Sizes below are local unless marked full.
+//   column (W's rows split; x [N, in] replicated, y_r [N, out/tp]):
+//     A [r, in] replicated; B [out, r] split like W's rows (same parts, offset, size; where
+//     W's slice is replicated over KV-head replicas, so is B's, its gradient summed over
+//     them as W's). u = A xd [N, r] is the same on every rank; y_r += scale * B_r u.
+//     backward: dB_r local; du_r = scale * dy_r B_r is this rank's part of du. dx takes it
+//     as it is (the block's f sums dx over the ranks), dA the full du = sum over the group.
+//   row (W's columns split; x_r [N, in/tp] = columns [first, first + in/tp) of x):
+//     A [r, in] split along in like W; B [out, r] replicated. u = sum over the group of
+//     A_r xd_r (one all-reduce of [N, r]); after the Linear's reduction, y += scale * B u once.
+//     backward: dy is replicated, so dB and du are the same on every rank; dA_r and dx_r
+//     are local. No communication.
+// The dropout mask is keyed by x's full column index, so every layout drops the elements
+// one process drops.
 #pragma once
 
 #include <string>
 
 #include "loom/nn/dropout.h"
 #include "loom/nn/parameter.h"
+#include "loom/nn/tensor_parallel.h"
 
 namespace loom::nn {
 
@@ -27,11 +44,16 @@ struct LoraSpec {
 
 class LoRA {
  public:
+  // in, out: the Linear's full sizes. Under tensor parallelism, w_shard is its weight's
+  // shard (dim 0: column split, dim 1: row split) and replicas the ranks sharing a column
+  // slice; the defaults are one process.
   LoRA(ParamStore& ps, const std::string& linear_name, int64_t in, int64_t out,
-       const LoraSpec& spec, const DropoutContext* ctx);
+       const LoraSpec& spec, const DropoutContext* ctx, const TensorParallel& tp = {},
+       const ShardSpec& w_shard = {}, int replicas = 1);
   void forward_add(const Tensor& x, const Tensor& y);
   void backward(const Tensor& dy, const Tensor& dx);  // dx may be undefined
   // W [out, in] += scale * B @ A: the merged weight (export, or inference without the branch).
+  // Under tensor parallelism W is this rank's shard, and B_r A or B A_r is exactly its slice.
   void merge_into(float* W) const;
 
   Parameter* A() const { return a_; }
@@ -41,7 +63,11 @@ class LoRA {
  private:
   Parameter *a_, *b_;
   LoraSpec spec_;
-  int64_t in_, out_;
+  int64_t in_, out_;  // local sizes
+  TensorParallel tp_;
+  int split_dim_ = -1;  // W's split: 0 column, 1 row, -1 none
+  int replicas_ = 1;
+  int64_t col0_ = 0, in_full_;  // x's local columns within the full x (the dropout's key)
   const DropoutContext* ctx_;
   uint64_t stream_;
   const float* dropped_input() const;  // dropout(x_) in a shared workspace

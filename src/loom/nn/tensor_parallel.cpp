@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "loom/util/error.h"
 
@@ -13,6 +14,17 @@ void copy_to_region_backward(const TensorParallel& tp, const Tensor& dx) {
 
 void reduce_from_region_forward(const TensorParallel& tp, const Tensor& y) {
   if (tp.active()) tp.comm->all_reduce_sum(y.f32(), y.numel());
+}
+
+void sum_over_replicas(const TensorParallel& tp, int replicas, float* g, int64_t n) {
+  if (!tp.active() || replicas <= 1) return;
+  // Each rank writes its part at its slice's place in a zeroed [slices, n] buffer, so one
+  // all-reduce over the whole group sums each slice over exactly its replicas.
+  const int slices = tp.size() / replicas, slice = tp.rank() / replicas;
+  std::vector<float> buf(static_cast<size_t>(slices * n), 0.0f);
+  std::copy_n(g, n, buf.begin() + slice * n);
+  tp.comm->all_reduce_sum(buf.data(), static_cast<int64_t>(buf.size()));
+  std::copy_n(buf.begin() + slice * n, n, g);
 }
 
 ShardSpec vocab_shard(int64_t V, const TensorParallel& tp, const std::string& name) {

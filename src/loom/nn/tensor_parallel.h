@@ -49,6 +49,13 @@ struct TensorParallel {
 // may hold fewer rows. Throws (naming `name`) when a rank would hold none.
 ShardSpec vocab_shard(int64_t V, const TensorParallel& tp, const std::string& name);
 
+// Replicated slices (key/value heads fewer than the ranks): ranks r with the same
+// r / replicas hold the same slice of a parameter, and each computes only its own query
+// heads' part of that slice's gradient. Sums g [n], this backward's part (never an
+// accumulated gradient: that already holds the sum of earlier micro-batches), over those
+// ranks, in place. One all-reduce over the tp group; a no-op when replicas == 1.
+void sum_over_replicas(const TensorParallel& tp, int replicas, float* g, int64_t n);
+
 // f and g on a buffer of n floats, in place (no-ops on one rank).
 void copy_to_region_backward(const TensorParallel& tp, const Tensor& dx);
 void reduce_from_region_forward(const TensorParallel& tp, const Tensor& y);

@@ -118,6 +118,9 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
   LOOM_CHECK(!io::is_adapter_folder(expand_user(model_path(cfg.model))) || !cfg_.peft.enabled(),
              "config: 'model' is an adapter folder; to train it further give its base as "
              "'model' and the folder as peft.from_pretrained");
+  LOOM_CHECK(cfg_.peft.method != "prefix" || !cfg_.peft.prefix_projection || !tp_.active(),
+             "config: peft.prefix_projection under tensor_parallel.size > 1 is not supported "
+             "(its table would be saved split); set it false");
   models::apply_peft(*model_, cfg_.peft, cfg.seed);
   if (!cfg.peft_from.empty()) io::load_adapter_weights(*model_, expand_user(cfg.peft_from));
   // Resuming: the weights the checkpoint holds (the optimizer state follows below).
