@@ -37,7 +37,6 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParamStore& ps, const std::string
 
 void VocabParallelEmbedding::forward(const int32_t* ids, int64_t N, const Tensor& out) {
   if (!tp_.active()) return weight_rows(out.f32(), ids, N, *w_, /*accumulate=*/false);
-  LOOM_CHECK(!w_->quantized(), w_->name + ": a quantized table cannot be split over ranks");
   for (int64_t n = 0; n < N; ++n)
     LOOM_CHECK(ids[n] >= 0 && ids[n] < V_,
                "token id " + std::to_string(ids[n]) + " at position " + std::to_string(n) +
@@ -46,15 +45,19 @@ void VocabParallelEmbedding::forward(const int32_t* ids, int64_t N, const Tensor
   // rank's rows of their sum.
   const bool split = tp_.sequence_split();
   if (split) ensure(full_, {N, C_});
-  const float* table = w_->value.f32();
+  // A frozen table kept in ggml blocks (QLoRA base) holds this rank's rows in blocks too.
+  const QuantMatrix* q = w_->quantized() ? w_->quant.get() : nullptr;
+  const float* table = q ? nullptr : w_->value.f32();
   float* o = split ? full_.f32() : out.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const int64_t r = ids[n] - first_;
-    if (r >= 0 && r < rows_)
-      std::memcpy(o + n * C_, table + r * C_, C_ * sizeof(float));
-    else
+    if (r < 0 || r >= rows_)
       std::memset(o + n * C_, 0, C_ * sizeof(float));
+    else if (q)
+      q->dequantize_rows(r, r + 1, o + n * C_);
+    else
+      std::memcpy(o + n * C_, table + r * C_, C_ * sizeof(float));
   }
   if (split)
     reduce_scatter_to_sequence_forward(tp_, full_, out);
