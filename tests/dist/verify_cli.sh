@@ -2,7 +2,9 @@
 # `loom verify` end to end: LoRA on the tiny Llama fixture under ZeRO-3 on 3 ranks (an odd
 # size) must report EQUAL and exit 0; with --rtol 0 the same run must report DIFFERENT and
 # exit non-zero (the layouts sum in another order, so some difference is never exactly 0);
-# on one process verify refuses with a message saying how to run it.
+# on one process verify refuses with a message saying how to run it. Tensor parallel: the same
+# LoRA run at tp2 (2 ranks, dropout on) is EQUAL; tp3 on 3 ranks fails at once naming the
+# heads (the fixture has 4), with nothing written.
 # usage: verify_cli.sh LOOM SOURCE_DIR MPIRUN [mpirun options...]
 set -u
 loom=$1 src=$2
@@ -39,6 +41,21 @@ rc=$?
 tail -2 "$tmp/strict.log"
 [ $rc -ne 0 ] || fail "verify --rtol 0 exited 0"
 grep -q '^DIFFERENT: ' "$tmp/strict.log" || fail "no DIFFERENT verdict with --rtol 0"
+
+"$@" -np 2 "$loom" verify "$tmp/cfg.json" --set tensor_parallel.size=2 > "$tmp/tp2.log" 2>&1
+rc=$?
+tail -3 "$tmp/tp2.log"
+[ $rc -eq 0 ] || fail "verify at tp2 exited $rc"
+grep -q '^EQUAL: ' "$tmp/tp2.log" || fail "no EQUAL verdict at tp2"
+grep -q 'tensor parallel 2' "$tmp/tp2.log" || fail "the tp2 layout is not named"
+
+"$@" -np 3 "$loom" verify "$tmp/cfg.json" --set tensor_parallel.size=3 \
+  --set output_dir="$tmp/tp3-out" > "$tmp/tp3.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] || fail "verify at tp3 with 4 heads exited 0"
+grep -q 'num_attention_heads 4 is not divisible by tensor_parallel.size 3' "$tmp/tp3.log" ||
+  { cat "$tmp/tp3.log"; fail "tp3 did not name the heads"; }
+[ ! -e "$tmp/tp3-out" ] || fail "tp3 wrote $tmp/tp3-out"
 
 "$loom" verify "$tmp/cfg.json" > "$tmp/one.log" 2>&1
 rc=$?
