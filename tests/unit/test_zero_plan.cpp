@@ -65,8 +65,38 @@ TEST(ZeroPlan, PlanReportNamesEveryStage) {
                       {"train_batch_size", 8},
                       {"zero_optimization", {{"stage", 2}}}};
   const std::string r = train::plan_report(train::parse_config(j, "test", 4), 4);
-  for (const char* s : {"stage 0", "stage 1", "stage 2 (cfg)", "stage 3", "4 data-parallel ranks"})
+  for (const char* s : {"stage 0", "stage 1", "stage 2 (cfg)", "stage 3",
+                        "4 ranks = 4 data-parallel x 1 tensor-parallel"})
     EXPECT_NE(r.find(s), std::string::npos) << s << "\n" << r;
+}
+
+// The stage-0 weights per rank (MiB, as printed) of a plan report.
+double stage0_weights_mib(const std::string& report) {
+  const size_t at = report.find("stage 0");
+  EXPECT_NE(at, std::string::npos) << report;
+  return std::stod(report.substr(at + 14, 10));
+}
+
+// At tp2 each rank holds its shards: the weights per rank (embedding and head split by
+// vocabulary, attention and MLP matrices by heads and width; norms and biases replicated)
+// fall to about half, and ZeRO splits over the 2 remaining data-parallel ranks.
+TEST(ZeroPlan, TensorParallelLayoutHoldsShards) {
+  nlohmann::json j = {{"model",
+                       {{"arch", "gpt2"},
+                        {"n_layer", 2},
+                        {"n_embd", 256},
+                        {"n_head", 4},
+                        {"vocab_size", 4096},
+                        {"n_positions", 64}}},
+                      {"data", {{"path", "unused.txt"}, {"seq_len", 64}}},
+                      {"train_batch_size", 8}};
+  const std::string one = train::plan_report(train::parse_config(j, "test", 4), 4);
+  j["tensor_parallel"] = {{"size", 2}};
+  const std::string tp2 = train::plan_report(train::parse_config(j, "test", 4), 4);
+  EXPECT_NE(tp2.find("4 ranks = 2 data-parallel x 2 tensor-parallel"), std::string::npos) << tp2;
+  const double ratio = stage0_weights_mib(tp2) / stage0_weights_mib(one);
+  EXPECT_GT(ratio, 0.5) << one << tp2;
+  EXPECT_LT(ratio, 0.56) << one << tp2;
 }
 
 }  // namespace
