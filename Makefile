@@ -30,7 +30,7 @@ build: deps
 build-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=ON > /dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target loom loom_unit_tests test_collectives \
-	  test_zero_equivalence
+	  test_zero_equivalence test_tensor_parallel
 
 # The worked example: LoRA fine-tuning of SmolLM2-135M-Instruct (GGUF Q4_1 base kept
 # quantized) on ../shared/data/zh_dialogue.json, then Chinese prompts answered by the base
@@ -62,6 +62,8 @@ test-asan:
 	  --bind-to none -np 2 $(ASAN_BUILD)/test_collectives
 	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
 	  --bind-to none -np 2 $(ASAN_BUILD)/test_zero_equivalence
+	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
+	  --bind-to none -np 2 $(ASAN_BUILD)/test_tensor_parallel
 
 # Benchmark: one GPT-2 124M training step, ours vs PyTorch's, same machine and threads.
 bench: build
