@@ -96,8 +96,8 @@ int main(int argc, char** argv) {
   if (tp > 0) {
     world = loom::dist::make_world_communicator();
     if (world->size() % tp != 0) {
-      std::fprintf(stderr, "--tp %lld does not divide the %d ranks\n", static_cast<long long>(tp),
-                   world->size());
+      std::fprintf(stderr, "--tp %lld: run under mpirun -np with a multiple of it (world: %d)\n",
+                   static_cast<long long>(tp), world->size());
       return 2;
     }
     dp = world->size() / tp;
