@@ -15,7 +15,7 @@ FUZZ_TIMEOUT ?= 30
 # Which targets to run (fuzz/fuzz_NAME.cpp), e.g. `make fuzz FUZZ_TARGETS=gguf`.
 FUZZ_TARGETS ?= $(patsubst fuzz/fuzz_%.cpp,%,$(wildcard fuzz/fuzz_*.cpp))
 
-.PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench fixtures check-demo-checkpoint fuzz \
+.PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench bench-tp fixtures check-demo-checkpoint fuzz \
   fuzz-smoke format clean
 
 all: build
@@ -68,6 +68,11 @@ test-asan:
 # Benchmark: one GPT-2 124M training step, ours vs PyTorch's, same machine and threads.
 bench: build
 	bash bench/run.sh $(BUILD) $(REF_VENV)
+
+# Tensor parallelism: the step at tp1 vs tp2 (same cores), and the tp bytes per layer
+# against Megatron's formula at tp2 and tp4 (bench/tp.sh; mpirun, not in `make test`).
+bench-tp: build
+	bash bench/tp.sh $(BUILD)
 
 # Regenerates tests/fixtures (needs torch + transformers; see scripts/make_fixtures.py).
 fixtures:

@@ -3,8 +3,14 @@
 // `loom train` runs. Prints ms/step (median after warm-up), tokens/s, peak RSS, a
 // breakdown by phase, the machine's measured sgemm rate and the step's share of it, as
 // one JSON line on stdout (human-readable lines on stderr).
-//   bench_step [--steps N] [--warmup N] [--batch B] [--seq T]
+//   bench_step [--steps N] [--warmup N] [--batch B] [--seq T] [--tp N]
 // Threads: OMP_NUM_THREADS (bench/run.sh sets 2 and OMP_WAIT_POLICY=PASSIVE).
+// --tp N (under `mpirun -np W`, N dividing W): the same step with tensor parallelism, the
+// model split over N ranks (dp = W / N, B sequences per dp rank). Rank 0 prints one JSON
+// line with the figures that differ per rank as the max over ranks and as per-rank lists:
+// ms/step, peak RSS, the weights each rank holds, and the bytes each rank sent per step on
+// its tp communicator (CommStats: the collectives' algorithmic volume, see
+// dist/communicator.h). Without --tp nothing changes: no MPI, the same JSON keys.
 #include <cblas.h>
 #include <omp.h>
 #include <sys/resource.h>
@@ -18,6 +24,8 @@
 #include <vector>
 
 #include "loom/data/dataset.h"
+#include "loom/dist/communicator.h"
+#include "loom/dist/mesh.h"
 #include "loom/train/trainer.h"
 #include "loom/util/profile.h"
 
@@ -40,10 +48,20 @@ double sgemm_gflops(int64_t M, int64_t N, int64_t K) {
   return 2.0 * M * N * K / best / 1e9;
 }
 
+// One value per rank, on every rank, in rank order (each rank fills its own slot of a sum,
+// so the values come back exactly). Without a world: this process's value alone.
+std::vector<double> per_rank(loom::dist::Communicator* world, double v) {
+  if (!world) return {v};
+  std::vector<double> all(world->size(), 0.0);
+  all[world->rank()] = v;
+  world->all_reduce_sum(all.data(), static_cast<int64_t>(all.size()));
+  return all;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t steps = 10, warmup = 3, B = 4, T = 64;
+  int64_t steps = 10, warmup = 3, B = 4, T = 64, tp = 0;  // tp 0: no --tp
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     int64_t v = std::atoll(argv[i + 1]);
@@ -55,6 +73,8 @@ int main(int argc, char** argv) {
       B = v;
     else if (k == "--seq")
       T = v;
+    else if (k == "--tp" && v >= 1)
+      tp = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -70,12 +90,29 @@ int main(int argc, char** argv) {
   cfg.train_steps = steps + warmup;
   cfg.adamw = {6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
   cfg.gradient_clipping = 1.0;
-  loom::train::Trainer trainer(cfg,
-                               std::make_unique<loom::data::RandomTokenDataset>(V, T, 1024, 1));
+  std::unique_ptr<loom::dist::Communicator> world;
+  std::unique_ptr<loom::dist::ProcessMesh> mesh;
+  int64_t dp = 1;
+  if (tp > 0) {
+    world = loom::dist::make_world_communicator();
+    if (world->size() % tp != 0) {
+      std::fprintf(stderr, "--tp %lld: run under mpirun -np with a multiple of it (world: %d)\n",
+                   static_cast<long long>(tp), world->size());
+      return 2;
+    }
+    dp = world->size() / tp;
+    cfg.tensor_parallel = static_cast<int>(tp);
+    cfg.data_parallel = static_cast<int>(dp);
+    cfg.train_batch = B * dp;
+    mesh = std::make_unique<loom::dist::ProcessMesh>(*world, static_cast<int>(tp), 1);
+  }
+  loom::train::Trainer trainer(cfg, std::make_unique<loom::data::RandomTokenDataset>(V, T, 1024, 1),
+                               mesh.get());
 
   for (int64_t i = 0; i < warmup; ++i) trainer.step();
   loom::prof::enable(true);
   loom::prof::reset();
+  if (mesh) mesh->tp().reset_stats();  // warm-up traffic out: the same every step anyway
   std::vector<double> ms;
   for (int64_t i = 0; i < steps; ++i) ms.push_back(trainer.step().seconds * 1e3);
   loom::prof::Totals tot = loom::prof::totals();
@@ -87,17 +124,27 @@ int main(int argc, char** argv) {
 
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
-  // Matmul FLOPs of one step: forward 2*M*N*K per GEMM, backward twice that.
-  const double tokens = static_cast<double>(B * T);
+  // Matmul FLOPs of one step (the whole model, the global batch): forward 2*M*N*K per
+  // GEMM, backward twice that.
+  const double tokens = static_cast<double>(B * T * dp);
   const double gemm_flops = 6.0 * tokens * (L * 12.0 * C * C + static_cast<double>(V) * C);
-  const double attn_flops = 6.0 * L * B * T * T * C;  // QK^T and AV, full (not causal-halved)
-  const double sg = sgemm_gflops(B * T, 4 * C, C);
-  const double step_gflops = (gemm_flops + attn_flops) / (median / 1e3) / 1e9;
+  const double attn_flops = 6.0 * L * dp * B * T * T * C;  // QK^T, AV: full, not causal-halved
+  // With tp every rank times its own shard of the MLP GEMM, all at once (after a barrier),
+  // and the machine's rate is their sum: the step's ranks share the cores the same way.
+  if (world) world->barrier();
+  const double sg_rank = sgemm_gflops(B * T, 4 * C / std::max<int64_t>(tp, 1), C);
+  const std::vector<double> sg_all = per_rank(world.get(), sg_rank);
+  double sg = 0;
+  for (double x : sg_all) sg += x;
+  // Ranks step in lockstep (the collectives), so the slowest rank's median is the step's.
+  const std::vector<double> ms_all = per_rank(world.get(), median);
+  const double step_ms = *std::max_element(ms_all.begin(), ms_all.end());
+  const double step_gflops = (gemm_flops + attn_flops) / (step_ms / 1e3) / 1e9;
 
   nlohmann::json j;
   j["impl"] = "loom";
-  j["ms_per_step"] = median;
-  j["tokens_per_s"] = tokens / (median / 1e3);
+  j["ms_per_step"] = step_ms;
+  j["tokens_per_s"] = tokens / (step_ms / 1e3);
   j["peak_rss_mib"] = ru.ru_maxrss / 1024.0;
   j["threads"] = omp_get_max_threads();
   j["steps"] = steps;
@@ -110,12 +157,37 @@ int main(int argc, char** argv) {
   double in_phases = 0;
   for (auto& [k, v] : br.items()) in_phases += v.get<double>();
   br["untracked"] = total_ms / steps - in_phases;
-  j["ms_breakdown"] = br;
+  j["ms_breakdown"] = br;  // with --tp: rank 0's
+  if (mesh) {
+    const loom::dist::CommStats cs = mesh->tp().stats();
+    const auto rss = per_rank(world.get(), ru.ru_maxrss / 1024.0);
+    const auto weights =
+        per_rank(world.get(), static_cast<double>(trainer.memory_report().state.params));
+    const auto sent = per_rank(world.get(), static_cast<double>(cs.bytes_sent) / steps);
+    const auto calls = per_rank(world.get(), static_cast<double>(cs.collectives) / steps);
+    auto mx = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+    j["tp"] = tp;
+    j["dp"] = dp;
+    j["ms_per_step_per_rank"] = ms_all;
+    j["peak_rss_mib"] = mx(rss);
+    j["peak_rss_mib_per_rank"] = rss;
+    j["weights_bytes"] = mx(weights);
+    j["weights_bytes_per_rank"] = weights;
+    j["tp_bytes_sent_per_step"] = mx(sent);
+    j["tp_bytes_sent_per_step_per_rank"] = sent;
+    j["tp_collectives_per_step"] = mx(calls);
+    if (world->rank() != 0) return 0;
+  }
   std::printf("%s\n", j.dump().c_str());
   std::fprintf(stderr,
                "loom: %.1f ms/step (median of %lld), %.0f tok/s, %.1f GFLOP/s = %.0f%% of "
                "sgemm %.1f GFLOP/s, peak RSS %.0f MiB\n",
-               median, static_cast<long long>(steps), tokens / (median / 1e3), step_gflops,
-               100 * step_gflops / sg, sg, ru.ru_maxrss / 1024.0);
+               step_ms, static_cast<long long>(steps), tokens / (step_ms / 1e3), step_gflops,
+               100 * step_gflops / sg, sg, j["peak_rss_mib"].get<double>());
+  if (mesh)
+    std::fprintf(stderr, "  tp %lld x dp %lld: weights %.1f MiB/rank, tp sent %.1f MiB/step/rank\n",
+                 static_cast<long long>(tp), static_cast<long long>(dp),
+                 j["weights_bytes"].get<double>() / 1048576.0,
+                 j["tp_bytes_sent_per_step"].get<double>() / 1048576.0);
   return 0;
 }
