@@ -20,7 +20,9 @@
 // With sequence parallel each of them becomes an all-gather plus a reduce-scatter of
 // b*s*h/t per rank (forward: all-gather before attention and MLP, reduce-scatter after;
 // backward the conjugates; no re-gather of saved inputs), so per layer
-//   8 calls, 8 * (t-1) * 4bsh/t bytes: the same bytes as 4 ring all-reduces.
+//   8 calls, 8 * (t-1) * 4bsh/t bytes: the same bytes as 4 ring all-reduces,
+// plus one all-reduce of the layer's LayerNorm gradients (4h fp32: their rows are split,
+// so each rank's gradient is partial and summed per backward): 9 calls.
 // The rest of the model (also checked, from the L = 1 model): the embedding's forward
 // all-reduce of b*s*h fp32, the head's backward all-reduce of dh (b*s*h fp32), and the
 // vocab-parallel cross-entropy's all-reduces of b*s row maxima and 2*b*s sums in fp64.
@@ -131,24 +133,16 @@ int main(int argc, char** argv) {
       formula = 4 * all_reduce_bytes(t, 4 * n);
       formula_calls = 4;
     } else {
-      formula = 8 * ring_bytes(t, n / t);
-      formula_calls = 8;
+      formula = 8 * ring_bytes(t, n / t) + all_reduce_bytes(t, 4 * 4 * h);
+      formula_calls = 9;
     }
     const bool equal = per_layer == formula && calls == formula_calls;
-    // Sequence parallel: TensorParallel::sequence_parallel and the four sequence mappings
-    // (nn/tensor_parallel.h) exist and the config accepts the key, but no layer calls the
-    // mappings yet, so the flag changes nothing: the measurement shows the all-reduce path
-    // (4 calls a layer). Its bytes equal the SP formula's anyway (the volumes coincide in
-    // this convention), so the call count is what tells them apart.
-    // TODO(sequence-parallel): once the blocks use gather_from_sequence /
-    // reduce_scatter_to_sequence, this row must show 8 calls and count as a check.
-    const bool sp_missing = sp && calls == 4;
-    std::string verdict = equal ? "yes" : (sp_missing ? "n/a" : "NO");
+    std::string verdict = equal ? "yes" : "NO";
     if (!linear || !agree) verdict = "NO";
     // The rest of the model is checked on the all-reduce path only (sequence parallel would
     // change the embedding's and head's collectives too).
     const bool rest_ok = sp || rest == rest_formula;
-    if (!sp_missing) ok = ok && verdict == "yes" && rest_ok;
+    ok = ok && verdict == "yes" && rest_ok;
     if (root) {
       char c[32], r[48];
       std::snprintf(c, sizeof c, "%lld (%lld)", static_cast<long long>(calls),
@@ -161,11 +155,6 @@ int main(int argc, char** argv) {
       std::printf("%-3d %-3d %-22lld %-22lld %-7s %-18s %s\n", t, sp ? 1 : 0,
                   static_cast<long long>(per_layer), static_cast<long long>(formula),
                   verdict.c_str(), c, r);
-      if (sp_missing)
-        std::printf(
-            "    sp=1: sequence parallel is not implemented in the layers (the flag is "
-            "accepted and ignored: all-reduces, %lld calls/layer); TODO\n",
-            static_cast<long long>(calls));
     }
     rows.push_back({{"tp", t},
                     {"sp", sp},
@@ -180,7 +169,6 @@ int main(int argc, char** argv) {
                     {"formula_rest_bytes", sp ? nlohmann::json() : nlohmann::json(rest_formula)},
                     {"same_every_layer", linear},
                     {"same_every_rank", agree},
-                    {"sp_implemented", !sp_missing},
                     {"equal", verdict == "yes"}});
   }
   if (root) std::printf("%s\n", rows.dump().c_str());
