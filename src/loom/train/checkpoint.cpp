@@ -152,9 +152,10 @@ void load_optimizer_state(const fs::path& dir, const TrainerState& st,
   }
   optim::AdamW& opt = engine.optimizer();
   for (const auto& r : engine.owned_runs()) {
-    for (const auto& [kind, buf] :
+    for (const auto& moment :
          {std::pair{"exp_avg/", &opt.exp_avg()}, std::pair{"exp_avg_sq/", &opt.exp_avg_sq()}}) {
-      const std::string key = kind + r.param->name;
+      const std::string key = moment.first + r.param->name;
+      const Tensor* buf = moment.second;  // (a lambda below may not capture a binding: clang 14)
       int64_t covered = 0;
       nn::for_full_runs(*r.param, r.begin, r.end, [&](int64_t local, int64_t full, int64_t n) {
         float* dst = buf->f32() + r.state_offset + (local - r.begin);
