@@ -15,7 +15,8 @@
 // Models: GPT-2 (tied head, fused c_attn split in q, k, v blocks) and Llama with GQA (2 KV
 // heads: split at tp2, replicated at tp4; packed rows). Methods: LoRA on every projection
 // (with trainable biases), bottleneck adapters, prefix tuning with and without the
-// projection, and LoRA + adapters + prefix together.
+// projection, and LoRA + adapters + prefix together; LoRA and all three again with sequence
+// parallel (_sp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,6 +24,7 @@
 
 #include "common/dist_main.h"
 #include "common/test_util.h"
+#include "common/tp_models.h"
 #include "loom/dist/communicator.h"
 #include "loom/dist/mesh.h"
 #include "loom/kernels/cpu/cross_entropy.h"
@@ -34,27 +36,6 @@ namespace {
 
 dist::Communicator* g_world = nullptr;
 
-// A full tensor, the same on every rank, keyed by the parameter's name (norm weights ~1;
-// PEFT parameters smaller, so the branches perturb the model rather than swamp it).
-Tensor full_values(const nn::Parameter& p) {
-  Tensor t = Tensor::zeros(p.full_shape);
-  const float std = p.kind == nn::ParamKind::Norm ? 0.1f : p.adapter ? 0.15f : 0.3f;
-  test::fill_normal(t, stream_id(p.name) % 100000, std);
-  if (p.kind == nn::ParamKind::Norm && p.name.find("bias") == std::string::npos)
-    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] += 1.0f;
-  return t;
-}
-
-void set_weights(models::CausalLM& m) {
-  for (auto& p : m.params().all()) {
-    Tensor full = full_values(*p);
-    if (p->shard.sharded())
-      nn::shard_from_full(*p, full.f32(), p->value.f32());
-    else
-      p->value.copy_from(full);
-  }
-}
-
 struct Methods {
   bool lora = false, adapter = false, prefix = false, projection = false;
 };
@@ -65,15 +46,10 @@ struct Case {
   int tp;
   bool packed;
   Methods peft;
+  bool sp = false;  // sequence parallel
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
-
-std::unique_ptr<models::CausalLM> build(const nlohmann::json& c, const nn::TensorParallel& tp) {
-  if (c["model_type"] == "gpt2")
-    return std::make_unique<models::GPT2>(models::GPT2Config::from_hf(c, "test"), tp);
-  return std::make_unique<models::Llama>(models::LlamaConfig::from_hf(c, "test"), tp);
-}
 
 // What models::declare_peft does for one method, for several at once: the base frozen
 // (biases trainable with LoRA, PEFT's bias "all"), the methods' parameters declared and
@@ -122,9 +98,9 @@ TEST_P(TensorParallelPeft, LogitsLossAndGradientsEqualOneProcess) {
   const Case& c = GetParam();
   if (g_world->size() % c.tp != 0) GTEST_SKIP() << "world " << g_world->size();
   dist::ProcessMesh mesh(*g_world, c.tp, 1);
-  const nn::TensorParallel tp{&mesh.tp(), false};
-  auto one = build(c.config, {});
-  auto split = build(c.config, tp);
+  const nn::TensorParallel tp{&mesh.tp(), c.sp};
+  auto one = test::build(c.config, {});
+  auto split = test::build(c.config, tp);
   add_peft(*one, c.peft, 17);
   add_peft(*split, c.peft, 17);
 
@@ -138,8 +114,8 @@ TEST_P(TensorParallelPeft, LogitsLossAndGradientsEqualOneProcess) {
     EXPECT_EQ(0, std::memcmp(q->value.raw(), want.data(), q->value.nbytes())) << q->name;
   }
 
-  set_weights(*one);
-  set_weights(*split);
+  test::set_weights(*one);
+  test::set_weights(*split);
   // Training mode: LoRA dropout on, the same mask keys for both (rows from 5 on, step 3).
   for (models::CausalLM* m : {one.get(), split.get()}) m->dropout() = {true, 11, 3, 5};
 
@@ -193,23 +169,31 @@ TEST_P(TensorParallelPeft, LogitsLossAndGradientsEqualOneProcess) {
   EXPECT_GT(peft, 0);
 }
 
-Case make(const std::string& model, int tp, const std::string& method) {
+Case make(const std::string& model, int tp, const std::string& method, bool sp = false) {
   Methods m;
   m.lora = method == "lora" || method == "all";
   m.adapter = method == "adapter" || method == "all";
   m.prefix = method == "prefix" || method == "prefix_projection" || method == "all";
   m.projection = method == "prefix_projection";
   const bool is_gpt2 = model == "gpt2";
-  return Case{model + "_tp" + std::to_string(tp) + "_" + method, is_gpt2 ? gpt2() : llama(), tp,
-              /*packed=*/!is_gpt2, m};
+  return Case{model + "_tp" + std::to_string(tp) + "_" + method + (sp ? "_sp" : ""),
+              is_gpt2 ? gpt2() : llama(),
+              tp,
+              /*packed=*/!is_gpt2,
+              m,
+              sp};
 }
 
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (const char* model : {"gpt2", "llama_gqa"})
     for (int tp : {2, 4})
-      for (const char* method : {"lora", "adapter", "prefix", "prefix_projection", "all"})
+      for (const char* method : {"lora", "adapter", "prefix", "prefix_projection", "all"}) {
         out.push_back(make(model, tp, method));
+        // Sequence parallel: a row-parallel layer's branch goes to this rank's token rows.
+        if (std::string(method) == "lora" || std::string(method) == "all")
+          out.push_back(make(model, tp, method, /*sp=*/true));
+      }
   return out;
 }
 

@@ -75,7 +75,6 @@ const Tensor& Linear::forward(const Tensor& x) {
 // Row-parallel under sequence parallel: x [N, in/tp] -> partial sums [N, out],
 // reduce-scattered to this rank's rows y [N/tp, out], then the bias on those rows.
 const Tensor& Linear::forward_to_sequence(const Tensor& x) {
-  LOOM_CHECK(!lora_, name_ + ": LoRA under sequence parallelism is not supported yet");
   const int64_t N = x.numel() / in_;
   ensure(full_, {N, out_});
   ensure(y_, {tp_.share(N), out_});
@@ -83,6 +82,7 @@ const Tensor& Linear::forward_to_sequence(const Tensor& x) {
   weight_forward(full_.f32(), x.f32(), *w_, nullptr, N);
   reduce_scatter_to_sequence_forward(tp_, full_, y_);
   if (b_) kernels::add_rows(y_.f32(), b_->value.f32(), y_.dim(0), out_);
+  if (lora_) lora_->forward_add(x, y_, tp_.first(N));  // this rank's rows of the branch
   return y_;
 }
 
@@ -120,6 +120,7 @@ void Linear::backward(const Tensor& dy, const Tensor& dx) {
   if (split_ == Split::row && tp_.sequence_split()) {
     reduce_scatter_to_sequence_backward(tp_, dy, full_);
     weight_backward(dxp, full_.f32(), x_.f32(), *w_, b_, N);
+    if (lora_) lora_->backward(full_, dx);  // dy of all N rows, as without sequence parallel
     return;
   }
   weight_backward(dxp, dy.f32(), x_.f32(), *w_, b_, N);

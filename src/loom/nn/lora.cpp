@@ -69,7 +69,7 @@ const float* LoRA::dropped_input() const {
   return xd;
 }
 
-void LoRA::forward_add(const Tensor& x, const Tensor& y) {
+void LoRA::forward_add(const Tensor& x, const Tensor& y, int64_t row0) {
   prof::ScopedPhase ph(prof::Phase::Gemm);
   const int64_t N = x.numel() / in_, r = spec_.r;
   x_ = x;
@@ -82,8 +82,10 @@ void LoRA::forward_add(const Tensor& x, const Tensor& y) {
   // Row split: u is this rank's columns' part of A xd; g sums it, so u and B u are whole
   // (y is already reduced: the branch is added once).
   if (split_dim_ == 1) reduce_from_region_forward(tp_, u_);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out_, r, spec_.scale(), u_.f32(), r,
-              b_->value.f32(), r, 1.0f, y.f32(), out_);
+  const int64_t rows = y.numel() / out_;
+  LOOM_CHECK(row0 >= 0 && row0 + rows <= N, a_->name + ": output rows outside the input's");
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out_, r, spec_.scale(),
+              u_.f32() + row0 * r, r, b_->value.f32(), r, 1.0f, y.f32(), out_);
 }
 
 void LoRA::backward(const Tensor& dy, const Tensor& dx) {

@@ -50,7 +50,10 @@ class LoRA {
   LoRA(ParamStore& ps, const std::string& linear_name, int64_t in, int64_t out,
        const LoraSpec& spec, const DropoutContext* ctx, const TensorParallel& tp = {},
        const ShardSpec& w_shard = {}, int replicas = 1);
-  void forward_add(const Tensor& x, const Tensor& y);
+  // y holds rows [row0, row0 + rows of y) of the N rows of x: a row-parallel layer under
+  // sequence parallel adds the branch to its own token rows only (u is computed for all N;
+  // its backward then takes the all-gathered dy [N, out]).
+  void forward_add(const Tensor& x, const Tensor& y, int64_t row0 = 0);
   void backward(const Tensor& dy, const Tensor& dx);  // dx may be undefined
   // W [out, in] += scale * B @ A: the merged weight (export, or inference without the branch).
   // Under tensor parallelism W is this rank's shard, and B_r A or B A_r is exactly its slice.
