@@ -200,7 +200,8 @@ TEST_P(ZeroEquivalence, EveryStageEqualsOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Models, ZeroEquivalence, ::testing::Values("gpt2", "llama"));
 
-TEST(ZeroLora, Stage3AdapterEqualsOneProcess) {
+// LoRA with dropout on every linear layer of the tiny Llama.
+nlohmann::json lora_config() {
   nlohmann::json j = base_config("llama");
   j["peft"] = {{"method", "lora"},
                {"r", 4},
@@ -208,6 +209,11 @@ TEST(ZeroLora, Stage3AdapterEqualsOneProcess) {
                {"lora_dropout", 0.1},
                {"target_modules", "all-linear"}};
   j["optimizer"]["params"]["lr"] = 1e-2;
+  return j;
+}
+
+TEST(ZeroLora, Stage3AdapterEqualsOneProcess) {
+  nlohmann::json j = lora_config();
   const fs::path one = job_dir() / "lora-one", zero3 = job_dir() / "lora-zero3";
   const Trained ref = reference(j, 20, one);
   j["zero_optimization"] = {{"stage", 3}};
@@ -280,35 +286,26 @@ TEST_P(TensorParallelTraining, EqualsOneProcess) {
   expect_same(ref, got, 0, c.name + " on " + std::to_string(g_world->size()) + " ranks");
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelTraining,
-                         ::testing::Values(TpCase{"gpt2_tp2", "gpt2", 2, false, 0},
-                                           TpCase{"gpt2_tp4", "gpt2", 4, false, 0},
-                                           TpCase{"llama_gqa_tp2", "llama", 2, false, 0},
-                                           TpCase{"llama_gqa_tp4_kv_replicated", "llama", 4, false,
-                                                  0},
-                                           TpCase{"qwen2_tp2", "qwen2", 2, false, 0},
-                                           TpCase{"gpt2_tp2_sp", "gpt2", 2, true, 0},
-                      TpCase{"gpt2_tp4_sp", "gpt2", 4, true, 0},
-                      TpCase{"llama_gqa_tp2_sp", "llama", 2, true, 0},
-                      TpCase{"llama_gqa_tp4_kv_replicated_sp", "llama", 4, true, 0},
-                      TpCase{"qwen2_tp2_sp", "qwen2", 2, true, 0},
-                      TpCase{"gpt2_tp2_zero1", "gpt2", 2, false, 1},
-                      TpCase{"gpt2_tp2_sp_zero2", "gpt2", 2, true, 2},
-                                           TpCase{"llama_tp2_zero2", "llama", 2, false, 2},
-                                           TpCase{"llama_tp2_zero3", "llama", 2, false, 3}),
-                         [](const ::testing::TestParamInfo<TpCase>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, TensorParallelTraining,
+    ::testing::Values(
+        TpCase{"gpt2_tp2", "gpt2", 2, false, 0}, TpCase{"gpt2_tp4", "gpt2", 4, false, 0},
+        TpCase{"llama_gqa_tp2", "llama", 2, false, 0},
+        TpCase{"llama_gqa_tp4_kv_replicated", "llama", 4, false, 0},
+        TpCase{"qwen2_tp2", "qwen2", 2, false, 0}, TpCase{"gpt2_tp2_sp", "gpt2", 2, true, 0},
+        TpCase{"gpt2_tp4_sp", "gpt2", 4, true, 0}, TpCase{"llama_gqa_tp2_sp", "llama", 2, true, 0},
+        TpCase{"llama_gqa_tp4_kv_replicated_sp", "llama", 4, true, 0},
+        TpCase{"qwen2_tp2_sp", "qwen2", 2, true, 0}, TpCase{"gpt2_tp2_zero1", "gpt2", 2, false, 1},
+        TpCase{"gpt2_tp2_sp_zero2", "gpt2", 2, true, 2},
+        TpCase{"llama_tp2_zero2", "llama", 2, false, 2},
+        TpCase{"llama_tp2_zero3", "llama", 2, false, 3}),
+    [](const ::testing::TestParamInfo<TpCase>& i) { return i.param.name; });
 
 // LoRA (dropout on) on every linear layer at tp2 (x dp2 on 4 ranks): the run and the adapter
 // folder it saves equal one process's.
 TEST(TensorParallelLora, Tp2AdapterEqualsOneProcess) {
   if (g_world->size() % 2 != 0) GTEST_SKIP() << "world " << g_world->size();
-  nlohmann::json j = base_config("llama");
-  j["peft"] = {{"method", "lora"},
-               {"r", 4},
-               {"lora_alpha", 8},
-               {"lora_dropout", 0.1},
-               {"target_modules", "all-linear"}};
-  j["optimizer"]["params"]["lr"] = 1e-2;
+  nlohmann::json j = lora_config();
   const fs::path one = job_dir() / "tp-lora-one", split = job_dir() / "tp-lora-tp2";
   const Trained ref = reference(j, 20, one);
   j["tensor_parallel"] = {{"size", 2}};
