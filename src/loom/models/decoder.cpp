@@ -1,5 +1,6 @@
 #include "loom/models/decoder.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "loom/kernels/cpu/rope.h"
@@ -188,7 +189,10 @@ double Decoder::backward(const Tensor& targets, float grad_scale) {
   {
     UnitScope u(hooks_, 0);
     if (pos_embed_) {  // this rank's rows under sequence parallel: a partial gradient
-      nn::SequencePartialGrads partial(tp, {pos_embed_->weight()});
+      // Only the rows of positions this batch uses (the largest + 1) can have changed.
+      const int32_t* ap = abs_pos_.i32();
+      const int64_t used = *std::max_element(ap, ap + B * T) + 1;
+      nn::SequencePartialGrads partial(tp, {pos_embed_->weight()}, used * C);
       const int64_t first = tp.sequence_split() ? tp.first(B * T) : 0;
       pos_embed_->backward(abs_pos_.i32() + first, dx.numel() / C, dx);
       partial.sum_over_sequence();

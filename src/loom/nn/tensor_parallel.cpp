@@ -73,13 +73,16 @@ void reduce_scatter_to_sequence_backward(const TensorParallel& tp, const Tensor&
 }
 
 SequencePartialGrads::SequencePartialGrads(const TensorParallel& tp,
-                                           const std::vector<Parameter*>& params)
+                                           const std::vector<Parameter*>& params, int64_t leading)
     : tp_(tp) {
   if (!tp.sequence_split()) return;
-  for (Parameter* p : params)
-    if (p && p->trainable) params_.push_back(p);
-  for (const Parameter* p : params_)
-    before_.insert(before_.end(), p->grad.f32(), p->grad.f32() + p->grad.numel());
+  for (Parameter* p : params) {
+    if (!p || !p->trainable) continue;
+    params_.push_back(p);
+    const int64_t n = p->grad.numel();
+    count_.push_back(leading < 0 ? n : std::min(leading, n));
+    before_.insert(before_.end(), p->grad.f32(), p->grad.f32() + count_.back());
+  }
 }
 
 void SequencePartialGrads::sum_over_sequence() {
@@ -87,12 +90,14 @@ void SequencePartialGrads::sum_over_sequence() {
   // This backward's contribution, summed over the ranks' rows.
   std::vector<float> delta(before_.size());
   size_t at = 0;
-  for (const Parameter* p : params_)
-    for (int64_t i = 0; i < p->grad.numel(); ++i, ++at) delta[at] = p->grad.f32()[i] - before_[at];
+  for (size_t k = 0; k < params_.size(); ++k)
+    for (int64_t i = 0; i < count_[k]; ++i, ++at)
+      delta[at] = params_[k]->grad.f32()[i] - before_[at];
   tp_.comm->all_reduce_sum(delta.data(), static_cast<int64_t>(delta.size()));
   at = 0;
-  for (Parameter* p : params_)
-    for (int64_t i = 0; i < p->grad.numel(); ++i, ++at) p->grad.f32()[i] = before_[at] + delta[at];
+  for (size_t k = 0; k < params_.size(); ++k)
+    for (int64_t i = 0; i < count_[k]; ++i, ++at)
+      params_[k]->grad.f32()[i] = before_[at] + delta[at];
 }
 
 }  // namespace loom::nn

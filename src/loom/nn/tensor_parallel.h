@@ -74,16 +74,20 @@ void reduce_scatter_to_sequence_backward(const TensorParallel& tp, const Tensor&
 // gradients; sum_over_sequence() after it all-reduces what that backward added (one
 // collective for all of them, on a copy) and adds the sum back. The accumulated gradient is
 // never reduced itself, so earlier micro-batches' contributions are not summed again. Frozen
-// parameters are skipped; without sequence_split() both calls do nothing.
+// parameters are skipped; without sequence_split() both calls do nothing. `leading` >= 0:
+// only each gradient's first `leading` elements can change in this backward (a position
+// table's rows up to the largest position), and only they are summed.
 class SequencePartialGrads {
  public:
-  SequencePartialGrads(const TensorParallel& tp, const std::vector<Parameter*>& params);
+  SequencePartialGrads(const TensorParallel& tp, const std::vector<Parameter*>& params,
+                       int64_t leading = -1);
   void sum_over_sequence();
 
  private:
   TensorParallel tp_;
   std::vector<Parameter*> params_;  // the trainable ones
-  std::vector<float> before_;       // their gradients, concatenated, before the backward
+  std::vector<int64_t> count_;      // elements of each that are summed
+  std::vector<float> before_;       // those elements, concatenated, before the backward
 };
 
 }  // namespace loom::nn
