@@ -5,15 +5,22 @@
 #include <vector>
 
 #include "loom/util/error.h"
+#include "loom/util/profile.h"
 
 namespace loom::nn {
 
 void copy_to_region_backward(const TensorParallel& tp, const Tensor& dx) {
-  if (tp.active()) tp.comm->all_reduce_sum(dx.f32(), dx.numel());
+  if (tp.active()) {
+    prof::ScopedPhase ph(prof::Phase::Comm);
+    tp.comm->all_reduce_sum(dx.f32(), dx.numel());
+  }
 }
 
 void reduce_from_region_forward(const TensorParallel& tp, const Tensor& y) {
-  if (tp.active()) tp.comm->all_reduce_sum(y.f32(), y.numel());
+  if (tp.active()) {
+    prof::ScopedPhase ph(prof::Phase::Comm);
+    tp.comm->all_reduce_sum(y.f32(), y.numel());
+  }
 }
 
 void sum_over_replicas(const TensorParallel& tp, int replicas, float* g, int64_t n) {
@@ -23,7 +30,10 @@ void sum_over_replicas(const TensorParallel& tp, int replicas, float* g, int64_t
   const int slices = tp.size() / replicas, slice = tp.rank() / replicas;
   std::vector<float> buf(static_cast<size_t>(slices * n), 0.0f);
   std::copy_n(g, n, buf.begin() + slice * n);
-  tp.comm->all_reduce_sum(buf.data(), static_cast<int64_t>(buf.size()));
+  {
+    prof::ScopedPhase ph(prof::Phase::Comm);
+    tp.comm->all_reduce_sum(buf.data(), static_cast<int64_t>(buf.size()));
+  }
   std::copy_n(buf.begin() + slice * n, n, g);
 }
 
@@ -47,19 +57,23 @@ void check_split(const TensorParallel& tp, const Tensor& local, const Tensor& fu
 void gather_from_sequence_forward(const TensorParallel& tp, const Tensor& local,
                                   const Tensor& full) {
   check_split(tp, local, full, "gather_from_sequence");
-  if (tp.active())
+  if (tp.active()) {
+    prof::ScopedPhase ph(prof::Phase::Comm);
     tp.comm->all_gather(local.f32(), full.f32(), local.numel());
-  else
+  } else {
     std::copy_n(local.f32(), local.numel(), full.f32());
+  }
 }
 
 void gather_from_sequence_backward(const TensorParallel& tp, const Tensor& dfull,
                                    const Tensor& dlocal) {
   check_split(tp, dlocal, dfull, "gather_from_sequence backward");
-  if (tp.active())
+  if (tp.active()) {
+    prof::ScopedPhase ph(prof::Phase::Comm);
     tp.comm->reduce_scatter_sum(dfull.f32(), dlocal.f32(), dlocal.numel());
-  else
+  } else {
     std::copy_n(dfull.f32(), dfull.numel(), dlocal.f32());
+  }
 }
 
 void reduce_scatter_to_sequence_forward(const TensorParallel& tp, const Tensor& full,
@@ -93,7 +107,10 @@ void SequencePartialGrads::sum_over_sequence() {
   for (size_t k = 0; k < params_.size(); ++k)
     for (int64_t i = 0; i < count_[k]; ++i, ++at)
       delta[at] = params_[k]->grad.f32()[i] - before_[at];
-  tp_.comm->all_reduce_sum(delta.data(), static_cast<int64_t>(delta.size()));
+  {
+    prof::ScopedPhase ph(prof::Phase::Comm);
+    tp_.comm->all_reduce_sum(delta.data(), static_cast<int64_t>(delta.size()));
+  }
   at = 0;
   for (size_t k = 0; k < params_.size(); ++k)
     for (int64_t i = 0; i < count_[k]; ++i, ++at)
