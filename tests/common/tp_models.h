@@ -6,8 +6,10 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "common/test_util.h"
+#include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/models/gpt2.h"
 #include "loom/models/llama.h"
 #include "loom/tensor/rng.h"
@@ -40,6 +42,33 @@ inline std::unique_ptr<models::CausalLM> build(const nlohmann::json& c,
   if (c["model_type"] == "gpt2")
     return std::make_unique<models::GPT2>(models::GPT2Config::from_hf(c, "test"), tp);
   return std::make_unique<models::Llama>(models::LlamaConfig::from_hf(c, "test"), tp);
+}
+
+// A [B, T] batch over vocabulary V: ids, targets with every fifth ignored, and position ids
+// of two packed samples per row (restarting at 5; used when a case packs).
+struct TpBatch {
+  Tensor ids, targets, pos;
+};
+inline TpBatch tp_batch(int64_t B, int64_t T, int64_t V) {
+  TpBatch b{Tensor::zeros({B, T}, DType::I32), Tensor::zeros({B, T}, DType::I32),
+            Tensor::zeros({B, T}, DType::I32)};
+  for (int64_t i = 0; i < B * T; ++i) {
+    b.ids.i32()[i] = static_cast<int32_t>((i * 37 + 5) % V);
+    b.targets.i32()[i] =
+        i % 5 == 4 ? kernels::kIgnoreIndex : static_cast<int32_t>((i * 11 + 3) % V);
+    b.pos.i32()[i] = static_cast<int32_t>(i % T < 5 ? i % T : i % T - 5);
+  }
+  return b;
+}
+
+// This rank's vocabulary columns [N, Vl] of the whole model's logits ref [B, T, V].
+inline std::vector<float> logit_columns(const Tensor& ref, models::CausalLM& split, int64_t Vl) {
+  const int64_t N = ref.numel() / ref.dim(-1), V = ref.dim(-1);
+  const int64_t v0 = dynamic_cast<models::Decoder&>(split).vocab_first();
+  std::vector<float> want(N * Vl);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t j = 0; j < Vl; ++j) want[r * Vl + j] = ref.f32()[r * V + v0 + j];
+  return want;
 }
 
 }  // namespace loom::test

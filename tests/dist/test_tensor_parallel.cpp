@@ -93,16 +93,6 @@ void expect_grads_equal(models::CausalLM& one, models::CausalLM& split) {
   }
 }
 
-// This rank's vocabulary columns of the whole model's logits [B, T, V].
-std::vector<float> logit_columns(const Tensor& ref, models::CausalLM& split, int64_t Vl) {
-  const int64_t N = ref.numel() / ref.dim(-1), V = ref.dim(-1);
-  const int64_t v0 = dynamic_cast<models::Decoder&>(split).vocab_first();
-  std::vector<float> want(N * Vl);
-  for (int64_t r = 0; r < N; ++r)
-    for (int64_t j = 0; j < Vl; ++j) want[r * Vl + j] = ref.f32()[r * V + v0 + j];
-  return want;
-}
-
 class TensorParallelEquivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TensorParallelEquivalence, LogitsLossAndGradientsEqualOneProcess) {
@@ -116,19 +106,14 @@ TEST_P(TensorParallelEquivalence, LogitsLossAndGradientsEqualOneProcess) {
   test::set_weights(*split);
 
   const int64_t B = 2, T = 12, V = one->vocab_size();  // B*T divides by 4 (sequence parallel)
-  Tensor ids = Tensor::zeros({B, T}, DType::I32), tg = Tensor::zeros({B, T}, DType::I32);
-  Tensor pos = Tensor::zeros({B, T}, DType::I32);
-  for (int64_t i = 0; i < B * T; ++i) {
-    ids.i32()[i] = static_cast<int32_t>((i * 37 + 5) % V);
-    tg.i32()[i] = i % 5 == 4 ? kernels::kIgnoreIndex : static_cast<int32_t>((i * 11 + 3) % V);
-    pos.i32()[i] = static_cast<int32_t>(i % T < 5 ? i % T : i % T - 5);  // two packed samples
-  }
-  const Tensor p = c.packed ? pos : Tensor();
+  const test::TpBatch batch = test::tp_batch(B, T, V);
+  const Tensor &ids = batch.ids, &tg = batch.targets;
+  const Tensor p = c.packed ? batch.pos : Tensor();
   const Tensor& ref = one->forward(ids, p);
   const Tensor& got = split->forward(ids, p);
   const int64_t Vl = got.dim(2);
   ASSERT_EQ(got.shape(), (Shape{B, T, Vl}));
-  const std::vector<float> want = logit_columns(ref, *split, Vl);
+  const std::vector<float> want = test::logit_columns(ref, *split, Vl);
   EXPECT_LT(test::rel_err(got.f32(), want.data(), B * T * Vl), 1e-5) << "logits";
 
   const float scale = 1.0f / static_cast<float>(kernels::count_targets(tg.i32(), B * T));
@@ -198,7 +183,7 @@ TEST(SequenceParallel, EvaluationAndAccumulatedMicroBatchesEqualOneProcess) {
   const Tensor& ref = one->forward(eval);
   const Tensor& got = split->forward(eval);
   ASSERT_EQ(got.shape(), (Shape{1, 8, got.dim(2)}));
-  const std::vector<float> want = logit_columns(ref, *split, got.dim(2));
+  const std::vector<float> want = test::logit_columns(ref, *split, got.dim(2));
   EXPECT_LT(test::rel_err(got.f32(), want.data(), got.numel()), 1e-5) << "evaluation logits";
 
   one->params().zero_grads();
@@ -352,10 +337,8 @@ TEST(TensorParallelGguf, SmolLM2QuantizedBaseAtTp3EqualsOneProcess) {
   }
   const Tensor& ref = one->forward(ids);
   const Tensor& got = split->forward(ids);
-  const int64_t Vl = got.dim(2), v0 = dynamic_cast<models::Decoder&>(*split).vocab_first();
-  std::vector<float> want(T * Vl);
-  for (int64_t r = 0; r < T; ++r)
-    for (int64_t j = 0; j < Vl; ++j) want[r * Vl + j] = ref.f32()[r * V + v0 + j];
+  const int64_t Vl = got.dim(2);
+  const std::vector<float> want = test::logit_columns(ref, *split, Vl);
   EXPECT_LT(test::rel_err(got.f32(), want.data(), T * Vl), 1e-5) << "logits";
   double l1 = 0, l2 = 0;
   one->loss_sums(tg, &l1);

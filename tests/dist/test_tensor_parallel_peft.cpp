@@ -120,21 +120,13 @@ TEST_P(TensorParallelPeft, LogitsLossAndGradientsEqualOneProcess) {
   for (models::CausalLM* m : {one.get(), split.get()}) m->dropout() = {true, 11, 3, 5};
 
   const int64_t B = 2, T = 12, V = one->vocab_size();
-  Tensor ids = Tensor::zeros({B, T}, DType::I32), tg = Tensor::zeros({B, T}, DType::I32);
-  Tensor pos = Tensor::zeros({B, T}, DType::I32);
-  for (int64_t i = 0; i < B * T; ++i) {
-    ids.i32()[i] = static_cast<int32_t>((i * 37 + 5) % V);
-    tg.i32()[i] = i % 5 == 4 ? kernels::kIgnoreIndex : static_cast<int32_t>((i * 11 + 3) % V);
-    pos.i32()[i] = static_cast<int32_t>(i % T < 5 ? i % T : i % T - 5);  // two packed samples
-  }
-  const Tensor p = c.packed ? pos : Tensor();
+  const test::TpBatch batch = test::tp_batch(B, T, V);
+  const Tensor &ids = batch.ids, &tg = batch.targets;
+  const Tensor p = c.packed ? batch.pos : Tensor();
   const Tensor& ref = one->forward(ids, p);
   const Tensor& got = split->forward(ids, p);
   const int64_t Vl = got.dim(2);
-  const int64_t v0 = dynamic_cast<models::Decoder&>(*split).vocab_first();
-  std::vector<float> want(B * T * Vl);
-  for (int64_t r = 0; r < B * T; ++r)
-    for (int64_t j = 0; j < Vl; ++j) want[r * Vl + j] = ref.f32()[r * V + v0 + j];
+  const std::vector<float> want = test::logit_columns(ref, *split, Vl);
   EXPECT_LT(test::rel_err(got.f32(), want.data(), B * T * Vl), 1e-5) << "logits";
 
   const float scale = 1.0f / static_cast<float>(kernels::count_targets(tg.i32(), B * T));
