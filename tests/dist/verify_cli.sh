@@ -57,6 +57,16 @@ grep -q 'num_attention_heads 4 is not divisible by tensor_parallel.size 3' "$tmp
   { cat "$tmp/tp3.log"; fail "tp3 did not name the heads"; }
 [ ! -e "$tmp/tp3-out" ] || fail "tp3 wrote $tmp/tp3-out"
 
+# Pipeline parallel is configured and partitioned, then refused by name until its schedules
+# exist: nothing is trained or written.
+"$@" -np 2 "$loom" train "$tmp/cfg.json" --set pipeline_parallel.size=2 \
+  --set output_dir="$tmp/pp2-out" > "$tmp/pp2.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] || fail "train at pp2 exited 0"
+grep -q 'pipeline schedules are not implemented yet (the layers would split 1 + 1)' "$tmp/pp2.log" ||
+  { cat "$tmp/pp2.log"; fail "pp2 was not refused by name"; }
+[ ! -e "$tmp/pp2-out" ] || fail "pp2 wrote $tmp/pp2-out"
+
 "$loom" verify "$tmp/cfg.json" > "$tmp/one.log" 2>&1
 rc=$?
 cat "$tmp/one.log"

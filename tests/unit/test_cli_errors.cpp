@@ -98,6 +98,25 @@ TEST_F(CliErrors, TensorParallelLayouts) {
                  "n_head 2 is not divisible by tensor_parallel.size 3");
 }
 
+// Pipeline layouts: checked before anything is trained or written.
+TEST_F(CliErrors, PipelineLayouts) {
+  const std::string cfg =
+      config("{\"arch\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 8, \"n_head\": 2}");
+  expect_failure(run("plan " + cfg + " --world 6 --set pipeline_parallel.size=4"),
+                 "'pipeline_parallel.size' 4 x 'tensor_parallel.size' 1 does not divide the world "
+                 "size 6");
+  expect_failure(run("plan " + cfg + " --world 4 --set pipeline_parallel.size=4"),
+                 "'pipeline_parallel.size' asks for 4 stages but the model has 2 layers");
+  expect_failure(run("plan " + cfg +
+                     " --world 2 --set pipeline_parallel.size=2 --set "
+                     "pipeline_parallel.partition=[1,2]"),
+                 "'pipeline_parallel.partition' sums to 3 layers, the model has 2");
+  expect_failure(run("plan " + cfg + " --world 2 --set pipeline_parallel.schedule=zigzag"),
+                 "'pipeline_parallel.schedule': 'zigzag' is not one of gpipe, 1f1b, interleaved");
+  expect_failure(run("train " + cfg + " --set pipeline_parallel.stages=2"),
+                 "unknown config key 'pipeline_parallel.stages'");
+}
+
 TEST_F(CliErrors, MissingDataFile) {
   std::string cfg = config("{\"arch\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 8, \"n_head\": 2}");
   expect_failure(run("train " + cfg + " --set data.path=/nonexistent/data.txt"),

@@ -99,5 +99,25 @@ TEST(ZeroPlan, TensorParallelLayoutHoldsShards) {
   EXPECT_LT(ratio, 0.56) << one << tp2;
 }
 
+// Pipeline stages: each holds its layers (the first the embedding, the last the head and,
+// for a tied head, its own copy of the table), ZeRO over the remaining dp ranks.
+TEST(ZeroPlan, PipelineStagesHoldTheirLayers) {
+  nlohmann::json j = {{"model",
+                       {{"arch", "gpt2"},
+                        {"n_layer", 4},
+                        {"n_embd", 64},
+                        {"n_head", 4},
+                        {"vocab_size", 256},
+                        {"n_positions", 64}}},
+                      {"data", {{"path", "unused.txt"}, {"seq_len", 64}}},
+                      {"train_batch_size", 8},
+                      {"pipeline_parallel", {{"size", 2}}}};
+  const std::string r = train::plan_report(train::parse_config(j, "test", 4), 4);
+  for (const char* s : {"4 ranks = 2 data-parallel x 1 tensor-parallel",
+                        "pipeline: 2 stages (1f1b schedule), ZeRO stage 0 over 2 data-parallel",
+                        "stage 0: layers 0-1 (2)", "stage 1: layers 2-3 (2)"})
+    EXPECT_NE(r.find(s), std::string::npos) << s << "\n" << r;
+}
+
 }  // namespace
 }  // namespace loom

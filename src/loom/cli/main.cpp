@@ -139,7 +139,7 @@ int cmd_train(const Args& a) {
   for (auto& [k, v] : a.flags) sets.push_back(v);
   return on_every_rank([&](loom::dist::Communicator& world) {
     loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, world.size());
-    loom::dist::ProcessMesh mesh(world, cfg.tensor_parallel, /*pp=*/1);
+    loom::dist::ProcessMesh mesh(world, cfg.tensor_parallel, cfg.pipeline.size);
     loom::train::Trainer trainer(cfg, nullptr, &mesh);
     trainer.run();
     return 0;
@@ -156,7 +156,7 @@ int cmd_verify(const Args& a) {
     if (k == "--set") sets.push_back(v);
   return on_every_rank([&](loom::dist::Communicator& world) {
     loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, world.size());
-    loom::dist::ProcessMesh mesh(world, cfg.tensor_parallel, /*pp=*/1);
+    loom::dist::ProcessMesh mesh(world, cfg.tensor_parallel, cfg.pipeline.size);
     const int64_t steps = a.get("--steps") ? to_int(*a.get("--steps"), "--steps")
                                            : std::min<int64_t>(cfg.train_steps, 10);
     const double rtol = a.get("--rtol") ? to_float(*a.get("--rtol"), "--rtol") : 1e-5;

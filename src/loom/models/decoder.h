@@ -73,13 +73,14 @@ class Decoder : public CausalLM {
   int64_t kv_heads() const override { return spec_.kv_heads; }
   int num_layers() const override { return static_cast<int>(spec_.layers); }
   int unit_of(const std::string& param_name) const override;
+  // The head reads the token embedding's table (GPT-2, SmolLM2) rather than its own.
+  bool tied_head() const { return spec_.tied_head; }
   // The logits' first column in the full vocabulary (0 unless tensor-parallel).
   int64_t vocab_first() const { return head_->vocab_first(); }
 
  protected:
   // Declares every parameter (materialized; values zero until init or load).
   explicit Decoder(DecoderSpec spec);
-  bool tied_head() const { return spec_.tied_head; }
   const nn::TensorParallel& tensor_parallel() const { return spec_.tp; }
 
  private:

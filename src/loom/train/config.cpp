@@ -181,7 +181,8 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
              "peft",
              "checkpoint_interval",
              "resume_from",
-             "tensor_parallel"});
+             "tensor_parallel",
+             "pipeline_parallel"});
   TrainConfig c;
   c.raw = j;
   LOOM_CHECK(j.contains("model"), where + ": config key 'model' is required");
@@ -233,12 +234,46 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
     c.tensor_parallel = static_cast<int>(rt.integer(t, "size", 1, 1));
     c.sequence_parallel = rt.boolean(t, "sequence_parallel", false);
   }
-  LOOM_CHECK(world % c.tensor_parallel == 0,
-             where + ": config key 'tensor_parallel.size' " + std::to_string(c.tensor_parallel) +
-                 (c.tensor_parallel > world ? " exceeds" : " does not divide") +
-                 " the world size " + std::to_string(world) +
-                 " (tensor_parallel.size x pipeline stages must divide the ranks)");
-  const int64_t dp = world / c.tensor_parallel;
+  // Pipeline parallelism: stages of consecutive layers (parallel/pipeline.h).
+  if (j.contains("pipeline_parallel")) {
+    Reader rp{where, "pipeline_parallel."};
+    const json& pp = j["pipeline_parallel"];
+    rp.only(pp, {"size", "schedule", "partition", "virtual_stages"});
+    parallel::PipelineConfig& pc = c.pipeline;
+    pc.size = static_cast<int>(rp.integer(pp, "size", 1, 1));
+    pc.schedule = rp.string(pp, "schedule", "1f1b");
+    LOOM_CHECK(
+        pc.schedule == "gpipe" || pc.schedule == "1f1b" || pc.schedule == "interleaved",
+        rp.key("schedule") + ": '" + pc.schedule + "' is not one of gpipe, 1f1b, interleaved");
+    pc.virtual_stages = static_cast<int>(rp.integer(pp, "virtual_stages", 1, 1));
+    LOOM_CHECK((pc.virtual_stages > 1) == (pc.schedule == "interleaved"),
+               rp.key("virtual_stages") + " " + std::to_string(pc.virtual_stages) +
+                   ": more than 1 goes with schedule \"interleaved\", and only with it");
+    if (pp.contains("partition") && pp["partition"].is_array()) {
+      for (const json& n : pp["partition"]) {
+        LOOM_CHECK(n.is_number_integer(), rp.key("partition") + " must list integers");
+        pc.layers.push_back(n.get<int64_t>());
+      }
+    } else {
+      pc.partition = rp.string(pp, "partition", "uniform");
+      LOOM_CHECK(pc.partition == "uniform" || pc.partition == "parameters",
+                 rp.key("partition") +
+                     " must be \"uniform\", \"parameters\" or a list of layer "
+                     "counts, got \"" +
+                     pc.partition + "\"");
+    }
+  }
+  const int64_t model_ranks = int64_t{c.tensor_parallel} * c.pipeline.size;
+  LOOM_CHECK(
+      world % model_ranks == 0,
+      where + ": config key '" +
+          (c.pipeline.size > 1 ? "pipeline_parallel.size' " + std::to_string(c.pipeline.size) +
+                                     " x 'tensor_parallel.size' "
+                               : "tensor_parallel.size' ") +
+          std::to_string(c.tensor_parallel) +
+          (model_ranks > world ? " exceeds" : " does not divide") + " the world size " +
+          std::to_string(world));
+  const int64_t dp = world / model_ranks;
   c.data_parallel = static_cast<int>(dp);
   const std::string dp_size = c.tensor_parallel == 1
                                   ? "world size " + std::to_string(world)

@@ -15,6 +15,7 @@
 #include "loom/models/peft.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/schedule.h"
+#include "loom/parallel/pipeline.h"
 #include "loom/parallel/zero.h"
 
 namespace loom::train {
@@ -50,10 +51,11 @@ struct TrainConfig {
   int64_t steps_per_print = 10;
   int64_t eval_interval = 0;  // steps between validation passes (0: only at the end)
   bool wall_clock_breakdown = false;
-  parallel::ZeroConfig zero;        // zero_optimization: stage, reduce_bucket_size
-  int tensor_parallel = 1;          // tensor_parallel.size
-  bool sequence_parallel = false;   // tensor_parallel.sequence_parallel
-  int data_parallel = 1;            // world / tensor_parallel (train_batch's rule uses it)
+  parallel::ZeroConfig zero;          // zero_optimization: stage, reduce_bucket_size
+  int tensor_parallel = 1;            // tensor_parallel.size
+  bool sequence_parallel = false;     // tensor_parallel.sequence_parallel
+  parallel::PipelineConfig pipeline;  // pipeline_parallel
+  int data_parallel = 1;  // world / (tensor_parallel x pipeline.size): train_batch's rule uses it
   int64_t checkpoint_interval = 0;  // steps between checkpoints (0: only the final one)
   std::string resume_from;          // a checkpoint folder to continue from
   nlohmann::json raw;               // the resolved JSON, saved beside the outputs
@@ -65,7 +67,7 @@ void apply_override(nlohmann::json& j, const std::string& assignment);
 
 // Validates and resolves a config. `where` names the file in errors; world_size is the
 // number of ranks. DeepSpeed's batch rule uses the data-parallel size dp = world /
-// tensor_parallel.size: train = micro * accum * dp.
+// (tensor_parallel.size x pipeline_parallel.size): train = micro * accum * dp.
 TrainConfig parse_config(const nlohmann::json& j, const std::string& where, int64_t world_size);
 
 TrainConfig load_config(const std::filesystem::path& path, const std::vector<std::string>& sets,

@@ -8,7 +8,9 @@
 #include "loom/io/hf_checkpoint.h"
 #include "loom/io/model_loader.h"
 #include "loom/io/peft_adapter.h"
+#include "loom/models/decoder.h"
 #include "loom/models/registry.h"
+#include "loom/parallel/pipeline.h"
 #include "loom/train/trainer.h"
 #include "loom/util/error.h"
 #include "loom/util/path.h"
@@ -54,6 +56,7 @@ std::string plan_report(const TrainConfig& cfg_in, int world) {
   models::declare_peft(*model, cfg.peft);
   nn::ParamStore& ps = model->params();
   int64_t frozen = 0;
+  std::vector<int64_t> unit_frozen(model->num_units(), 0);  // frozen bytes per unit
   for (auto& p : ps.all()) {
     if (p->trainable) continue;
     auto q = quant_bytes.find(p->name);
@@ -64,8 +67,10 @@ std::string plan_report(const TrainConfig& cfg_in, int world) {
                        return models::peft_name_matches(p->name.substr(0, p->name.rfind('.')), m);
                      });
     // A kept-quantized shard holds its share of the whole weight's blocks.
-    frozen += kept ? q->second * shape_numel(p->shape) / shape_numel(p->full_shape)
-                   : 4 * shape_numel(p->shape);
+    const int64_t bytes = kept ? q->second * shape_numel(p->shape) / shape_numel(p->full_shape)
+                               : 4 * shape_numel(p->shape);
+    frozen += bytes;
+    unit_frozen[model->unit_of(p->name)] += bytes;
   }
   std::vector<int64_t> lens;
   for (const auto& unit : model->units()) {
@@ -98,6 +103,52 @@ std::string plan_report(const TrainConfig& cfg_in, int world) {
     out += line;
   }
   out += "* activations: the model's estimate for one micro-batch's forward and backward\n";
+  if (cfg.pipeline.size > 1) {
+    // Each pipeline stage holds its layers' units (the first also the embedding and a
+    // prefix, the last the final norm and head), ZeRO over dp; the table above is the
+    // whole model per tp rank. Activations per stage come with the schedules.
+    const std::vector<int64_t> counts = parallel::partition_model(cfg.pipeline, *model, "config");
+    std::snprintf(line, sizeof line,
+                  "pipeline: %d stages (%s schedule), ZeRO stage %d over %d data-parallel "
+                  "ranks; MiB per rank of each stage:\n",
+                  cfg.pipeline.size, cfg.pipeline.schedule.c_str(), cfg.zero.stage,
+                  cfg.data_parallel);
+    out += line;
+    const int L = model->num_layers(), k = cfg.pipeline.chunks();
+    std::vector<int64_t> first(k + 1, 0);
+    for (int c = 0; c < k; ++c) first[c + 1] = first[c] + counts[c];
+    for (int r = 0; r < cfg.pipeline.size; ++r) {
+      std::vector<int64_t> stage_lens;
+      int64_t stage_frozen = 0, layers = 0;
+      std::string ranges;
+      auto take = [&](int unit) {
+        stage_lens.push_back(lens[unit]);
+        stage_frozen += unit_frozen[unit];
+      };
+      if (r == 0) take(0);
+      for (int c = r; c < k; c += cfg.pipeline.size) {  // this rank's chunks
+        for (int64_t l = first[c]; l < first[c + 1]; ++l) take(static_cast<int>(l) + 1);
+        layers += counts[c];
+        ranges += (ranges.empty() ? "" : ", ") + std::to_string(first[c]) + "-" +
+                  std::to_string(first[c + 1] - 1);
+      }
+      if (r == cfg.pipeline.size - 1) {
+        take(L + 1);
+        // A tied head: the last stage holds its own copy of the embedding's table.
+        auto* dec = dynamic_cast<models::Decoder*>(model.get());
+        if (dec && dec->tied_head() && r > 0) take(0);
+      }
+      if (r == 0 && model->num_units() > L + 2) take(L + 2);
+      const parallel::ZeroMemory m = parallel::ZeroPartition::make(stage_lens, cfg.data_parallel, 0)
+                                         .memory(cfg.zero.stage, stage_frozen);
+      std::snprintf(line, sizeof line,
+                    "  stage %d: layers %s (%lld)  params %.1f  grads %.1f  optimizer %.1f  "
+                    "model state %.1f\n",
+                    r, ranges.c_str(), static_cast<long long>(layers), mib(m.params), mib(m.grads),
+                    mib(m.optimizer), mib(m.model_state()));
+      out += line;
+    }
+  }
   return out;
 }
 

@@ -94,11 +94,13 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
     : cfg_(cfg), data_(std::move(dataset)) {
   if (!mesh) {
     own_world_ = std::make_unique<dist::LocalComm>();
-    own_mesh_ = std::make_unique<dist::ProcessMesh>(*own_world_, cfg.tensor_parallel, 1);
+    own_mesh_ =
+        std::make_unique<dist::ProcessMesh>(*own_world_, cfg.tensor_parallel, cfg.pipeline.size);
     mesh = own_mesh_.get();
   }
   mesh_ = mesh;
-  LOOM_CHECK(mesh->shape().tp == cfg.tensor_parallel && mesh->shape().dp == cfg.data_parallel,
+  LOOM_CHECK(mesh->shape().tp == cfg.tensor_parallel && mesh->shape().pp == cfg.pipeline.size &&
+                 mesh->shape().dp == cfg.data_parallel,
              "internal: the process mesh (dp " + std::to_string(mesh->shape().dp) + ", tp " +
                  std::to_string(mesh->shape().tp) + ") is not the config's layout");
   dp_ = &mesh->dp();
@@ -121,6 +123,15 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
   LOOM_CHECK(cfg_.peft.method != "prefix" || !cfg_.peft.prefix_projection || !tp_.active(),
              "config: peft.prefix_projection under tensor_parallel.size > 1 is not supported "
              "(its table would be saved split); set it false");
+  if (cfg.pipeline.size > 1) {
+    // The stages are checked against the model first, so a bad partition says so.
+    const std::vector<int64_t> stages = parallel::partition_model(cfg.pipeline, *model_, "config");
+    std::string cut;
+    for (int64_t n : stages) cut += (cut.empty() ? "" : " + ") + std::to_string(n);
+    throw Error("config: pipeline_parallel.size " + std::to_string(cfg.pipeline.size) +
+                ": the pipeline schedules are not implemented yet (the layers would split " + cut +
+                "); use tensor_parallel or data parallelism");
+  }
   models::apply_peft(*model_, cfg_.peft, cfg.seed);
   if (!cfg.peft_from.empty()) io::load_adapter_weights(*model_, expand_user(cfg.peft_from));
   // Resuming: the weights the checkpoint holds (the optimizer state follows below).
