@@ -42,6 +42,8 @@ class NullComm final : public Communicator {
   Request do_iall_reduce_sum(float*, int64_t) override { return {}; }
   Request do_ireduce_scatter_sum(const float*, float*, int64_t) override { return {}; }
   Request do_iall_gather(const float*, float*, int64_t) override { return {}; }
+  Request do_isend(const float*, int64_t, int, int) override { return {}; }
+  Request do_irecv(float*, int64_t, int, int) override { return {}; }
 };
 
 TEST(DistLocalComm, CollectivesOnOneRankAreCopies) {
@@ -89,6 +91,10 @@ TEST(DistLocalComm, ErrorsNameTheOperation) {
   EXPECT_EQ(error_of([&] { c.send(&f, 1, 0, 0); }),
             "send: a communicator of size 1 has no other rank to send to");
   EXPECT_EQ(error_of([&] { c.recv(&f, 1, 0, -2); }), "recv: negative tag -2");
+  EXPECT_EQ(error_of([&] { c.isend(&f, 1, 0, 0); }),
+            "isend: a communicator of size 1 has no other rank to send to");
+  EXPECT_EQ(error_of([&] { c.irecv(&f, 1, 1, 0); }),
+            "irecv: source 1 is not a rank of a communicator of size 1");
   EXPECT_EQ(error_of([&] { c.split(-1, 0); }), "split: negative color -1");
   EXPECT_EQ(c.stats().collectives, 0);  // calls that threw are not counted
   auto sub = c.split(3, 7);
@@ -126,6 +132,8 @@ TEST(DistCommStats, RingVolumesForAnyWorldSize) {
       EXPECT_EQ(bytes([&] { c.all_reduce_max(nullptr); }), 2 * (N - 1) * 8 / N);
       EXPECT_EQ(bytes([&] { c.send(nullptr, n, 0, 0); }), 4 * n);
       EXPECT_EQ(bytes([&] { c.recv(nullptr, n, 0, 0); }), 0);
+      EXPECT_EQ(bytes([&] { c.isend(nullptr, n, 0, 0); }), 4 * n);
+      EXPECT_EQ(bytes([&] { c.irecv(nullptr, n, 0, 0); }), 0);
       EXPECT_EQ(bytes([&] { c.barrier(); }), 0);
     }
   }

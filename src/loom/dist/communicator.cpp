@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "loom/util/error.h"
+#include "loom/util/trace.h"
 
 namespace loom::dist {
 
@@ -23,6 +24,9 @@ Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
     wait();
     pending_ = std::move(other.pending_);
+    op_ = other.op_;
+    bytes_ = other.bytes_;
+    peer_ = other.peer_;
   }
   return *this;
 }
@@ -34,6 +38,7 @@ Request::~Request() { wait(); }
 void Request::wait() {
   if (!pending_) return;
   std::unique_ptr<Pending> p = std::move(pending_);
+  trace::Span span(trace::Kind::Wait, op_, bytes_, peer_);
   p->wait();
 }
 
@@ -61,11 +66,20 @@ void check_peer(int peer, int size, const char* op, const char* what) {
                                            std::to_string(size));
 }
 
+constexpr int64_t kF32 = sizeof(float), kF64 = sizeof(double);
+
 }  // namespace
 
 Communicator::Communicator(int rank, int size) : rank_(rank), size_(size) {
   LOOM_CHECK(size >= 1 && rank >= 0 && rank < size,
              "communicator: rank " + std::to_string(rank) + " of size " + std::to_string(size));
+}
+
+Request Communicator::named(Request req, const char* op, int64_t bytes, int peer) {
+  req.op_ = op;
+  req.bytes_ = bytes;
+  req.peer_ = peer;
+  return req;
 }
 
 // Ring all-reduce = reduce-scatter + all-gather: each rank sends 2(N-1) chunks of 1/N.
@@ -79,18 +93,21 @@ int64_t Communicator::ring_bytes(int64_t n_per_rank) const {
 
 void Communicator::all_reduce_sum(float* buf, int64_t n) {
   check_count(n, "all_reduce_sum");
+  trace::Span span(trace::Kind::Comm, "all_reduce_sum", n * kF32);
   do_all_reduce_sum(buf, n);
-  count(all_reduce_bytes(n * static_cast<int64_t>(sizeof(float))));
+  count(all_reduce_bytes(n * kF32));
 }
 
 void Communicator::reduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) {
   check_count(n_per_rank, "reduce_scatter_sum");
+  trace::Span span(trace::Kind::Comm, "reduce_scatter_sum", size_ * n_per_rank * kF32);
   do_reduce_scatter_sum(send, recv, n_per_rank);
   count(ring_bytes(n_per_rank));
 }
 
 void Communicator::all_gather(const float* send, float* recv, int64_t n_per_rank) {
   check_count(n_per_rank, "all_gather");
+  trace::Span span(trace::Kind::Comm, "all_gather", size_ * n_per_rank * kF32);
   do_all_gather(send, recv, n_per_rank);
   count(ring_bytes(n_per_rank));
 }
@@ -98,6 +115,7 @@ void Communicator::all_gather(const float* send, float* recv, int64_t n_per_rank
 void Communicator::broadcast(void* buf, int64_t bytes, int root) {
   check_count(bytes, "broadcast");
   check_peer(root, size_, "broadcast", "root");
+  trace::Span span(trace::Kind::Comm, "broadcast", bytes, root);
   do_broadcast(buf, bytes, root);
   count((size_ - 1) * bytes / size_);  // scatter + all-gather: (N-1)/N of it from each rank
 }
@@ -106,54 +124,84 @@ void Communicator::send(const float* buf, int64_t n, int dest, int tag) {
   check_count(n, "send");
   check_peer(dest, size_, "send", "destination");
   LOOM_CHECK(tag >= 0, "send: negative tag " + std::to_string(tag));
+  trace::Span span(trace::Kind::Comm, "send", n * kF32, dest);
   do_send(buf, n, dest, tag);
-  count(n * static_cast<int64_t>(sizeof(float)));
+  count(n * kF32);
 }
 
 void Communicator::recv(float* buf, int64_t n, int src, int tag) {
   check_count(n, "recv");
   check_peer(src, size_, "recv", "source");
   LOOM_CHECK(tag >= 0, "recv: negative tag " + std::to_string(tag));
+  trace::Span span(trace::Kind::Comm, "recv", n * kF32, src);
   do_recv(buf, n, src, tag);
   count(0);
 }
 
+Request Communicator::isend(const float* buf, int64_t n, int dest, int tag) {
+  check_count(n, "isend");
+  check_peer(dest, size_, "isend", "destination");
+  LOOM_CHECK(tag >= 0, "isend: negative tag " + std::to_string(tag));
+  trace::Span span(trace::Kind::Comm, "isend", n * kF32, dest);
+  Request req = do_isend(buf, n, dest, tag);
+  count(n * kF32);
+  return named(std::move(req), "isend", n * kF32, dest);
+}
+
+Request Communicator::irecv(float* buf, int64_t n, int src, int tag) {
+  check_count(n, "irecv");
+  check_peer(src, size_, "irecv", "source");
+  LOOM_CHECK(tag >= 0, "irecv: negative tag " + std::to_string(tag));
+  trace::Span span(trace::Kind::Comm, "irecv", n * kF32, src);
+  Request req = do_irecv(buf, n, src, tag);
+  count(0);
+  return named(std::move(req), "irecv", n * kF32, src);
+}
+
 void Communicator::barrier() {
+  trace::Span span(trace::Kind::Comm, "barrier", 0);
   do_barrier();
   count(0);
 }
 
 void Communicator::all_reduce_max(double* buf, int64_t n) {
   check_count(n, "all_reduce_max");
+  trace::Span span(trace::Kind::Comm, "all_reduce_max", n * kF64);
   do_all_reduce_max(buf, n);
-  count(all_reduce_bytes(n * static_cast<int64_t>(sizeof(double))));
+  count(all_reduce_bytes(n * kF64));
 }
 
 void Communicator::all_reduce_sum(double* buf, int64_t n) {
   check_count(n, "all_reduce_sum");
+  trace::Span span(trace::Kind::Comm, "all_reduce_sum", n * kF64);
   do_all_reduce_sum(buf, n);
-  count(all_reduce_bytes(n * static_cast<int64_t>(sizeof(double))));
+  count(all_reduce_bytes(n * kF64));
 }
 
 Request Communicator::iall_reduce_sum(float* buf, int64_t n) {
   check_count(n, "iall_reduce_sum");
+  trace::Span span(trace::Kind::Comm, "iall_reduce_sum", n * kF32);
   Request req = do_iall_reduce_sum(buf, n);
-  count(all_reduce_bytes(n * static_cast<int64_t>(sizeof(float))));
-  return req;
+  count(all_reduce_bytes(n * kF32));
+  return named(std::move(req), "iall_reduce_sum", n * kF32);
 }
 
 Request Communicator::ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) {
   check_count(n_per_rank, "ireduce_scatter_sum");
+  const int64_t bytes = size_ * n_per_rank * kF32;
+  trace::Span span(trace::Kind::Comm, "ireduce_scatter_sum", bytes);
   Request req = do_ireduce_scatter_sum(send, recv, n_per_rank);
   count(ring_bytes(n_per_rank));
-  return req;
+  return named(std::move(req), "ireduce_scatter_sum", bytes);
 }
 
 Request Communicator::iall_gather(const float* send, float* recv, int64_t n_per_rank) {
   check_count(n_per_rank, "iall_gather");
+  const int64_t bytes = size_ * n_per_rank * kF32;
+  trace::Span span(trace::Kind::Comm, "iall_gather", bytes);
   Request req = do_iall_gather(send, recv, n_per_rank);
   count(ring_bytes(n_per_rank));
-  return req;
+  return named(std::move(req), "iall_gather", bytes);
 }
 
 // ---- LocalComm ----
@@ -182,6 +230,14 @@ void LocalComm::do_recv(float*, int64_t, int, int) {
 }
 
 Request LocalComm::do_iall_reduce_sum(float*, int64_t) { return {}; }
+
+Request LocalComm::do_isend(const float*, int64_t, int, int) {
+  throw Error("isend: a communicator of size 1 has no other rank to send to");
+}
+
+Request LocalComm::do_irecv(float*, int64_t, int, int) {
+  throw Error("irecv: a communicator of size 1 has no other rank to receive from");
+}
 
 Request LocalComm::do_ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) {
   do_reduce_scatter_sum(send, recv, n_per_rank);
@@ -238,6 +294,37 @@ class MpiPending final : public Request::Pending {
  private:
   MPI_Request req_;
   const char* op_;
+};
+
+// A receive: complete only once the message is known to be exactly the n floats expected.
+class MpiRecvPending final : public Request::Pending {
+ public:
+  MpiRecvPending(MPI_Request req, int64_t n, int src, int tag)
+      : req_(req), n_(n), src_(src), tag_(tag) {}
+  void wait() override {
+    MPI_Status status;
+    check_mpi(MPI_Wait(&req_, &status), "irecv");
+    check(status);
+  }
+  bool test() override {
+    int done = 0;
+    MPI_Status status;
+    check_mpi(MPI_Test(&req_, &done, &status), "irecv");
+    if (done) check(status);
+    return done != 0;
+  }
+
+ private:
+  void check(const MPI_Status& status) const {
+    int got = 0;
+    check_mpi(MPI_Get_count(&status, MPI_FLOAT, &got), "irecv");
+    LOOM_CHECK(got == n_, "MPI irecv: expected " + std::to_string(n_) + " floats from rank " +
+                              std::to_string(src_) + " (tag " + std::to_string(tag_) + "), got " +
+                              std::to_string(got));
+  }
+  MPI_Request req_;
+  int64_t n_;
+  int src_, tag_;
 };
 
 Request pending(MPI_Request req, const char* op) {
@@ -399,6 +486,18 @@ Request MpiComm::do_iall_gather(const float* send, float* recv, int64_t n_per_ra
                            MPI_FLOAT, handle_->comm, &req),
             "iall_gather");
   return pending(req, "iall_gather");
+}
+
+Request MpiComm::do_isend(const float* buf, int64_t n, int dest, int tag) {
+  MPI_Request req;
+  check_mpi(MPI_Isend(buf, to_int(n, "isend"), MPI_FLOAT, dest, tag, handle_->comm, &req), "isend");
+  return pending(req, "isend");
+}
+
+Request MpiComm::do_irecv(float* buf, int64_t n, int src, int tag) {
+  MPI_Request req;
+  check_mpi(MPI_Irecv(buf, to_int(n, "irecv"), MPI_FLOAT, src, tag, handle_->comm, &req), "irecv");
+  return Request(std::make_unique<MpiRecvPending>(req, n, src, tag));
 }
 
 // ---- choosing the world ----

@@ -15,6 +15,10 @@
 
 namespace loom::dist {
 
+// Every public call below is also a trace span (util/trace.h: the call's name, its payload
+// in bytes: the whole buffer reduced, gathered or broadcast, or the message; the peer of a
+// point-to-point call, a broadcast's root), and so is every wait on the Request of a
+// non-blocking one: one place counts and traces all communication.
 // Bytes this rank sends, counted as the bandwidth-optimal (ring) algorithms send them: the
 // algorithmic volume of each call, the quantity the ZeRO paper counts, not the bytes MPI
 // actually puts on the wire (which depend on its algorithm choice and are not measured).
@@ -32,7 +36,8 @@ struct CommStats {
 // (a no-op when it already has, or for a default-constructed Request); test() says whether
 // it has, without blocking; once either has thrown, the Request counts as complete.
 // Destroying or assigning over a pending Request waits for it, so buffers are never left in
-// flight; a failure at that point terminates the process.
+// flight; a failure at that point terminates the process. A wait that finds the call still
+// pending is a trace span (util/trace.h) named after the call ("wait irecv").
 class Request {
  public:
   // What an engine implements for its pending operation.
@@ -55,7 +60,11 @@ class Request {
   bool test();
 
  private:
+  friend class Communicator;          // names the call for the trace
   std::unique_ptr<Pending> pending_;  // null once complete
+  const char* op_ = "";
+  int64_t bytes_ = 0;
+  int peer_ = -1;
 };
 
 class Communicator {
@@ -91,6 +100,11 @@ class Communicator {
   Request iall_reduce_sum(float* buf, int64_t n);
   Request ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank);
   Request iall_gather(const float* send, float* recv, int64_t n_per_rank);
+  // Non-blocking point-to-point (MPI_Isend / MPI_Irecv), for pipeline stages: the buffer
+  // must stay untouched until the Request completes; irecv's wait() throws when the message
+  // that arrived is not exactly n floats.
+  Request isend(const float* buf, int64_t n, int dest, int tag);
+  Request irecv(float* buf, int64_t n, int src, int tag);
 
   // Collective over this communicator: ranks with the same color form a new communicator,
   // ordered by key (ties by rank). color >= 0: every rank gets a communicator.
@@ -122,12 +136,16 @@ class Communicator {
   virtual Request do_iall_reduce_sum(float* buf, int64_t n) = 0;
   virtual Request do_ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) = 0;
   virtual Request do_iall_gather(const float* send, float* recv, int64_t n_per_rank) = 0;
+  virtual Request do_isend(const float* buf, int64_t n, int dest, int tag) = 0;
+  virtual Request do_irecv(float* buf, int64_t n, int src, int tag) = 0;
 
  private:
   void count(int64_t bytes) {
     stats_.bytes_sent += bytes;
     stats_.collectives += 1;
   }
+  // Names a non-blocking call's Request for the trace of its wait.
+  static Request named(Request req, const char* op, int64_t bytes, int peer = -1);
   int64_t all_reduce_bytes(int64_t payload_bytes) const;
   int64_t ring_bytes(int64_t n_per_rank) const;  // reduce_scatter / all_gather
 
@@ -156,6 +174,8 @@ class LocalComm final : public Communicator {
   Request do_iall_reduce_sum(float* buf, int64_t n) override;
   Request do_ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) override;
   Request do_iall_gather(const float* send, float* recv, int64_t n_per_rank) override;
+  Request do_isend(const float* buf, int64_t n, int dest, int tag) override;
+  Request do_irecv(float* buf, int64_t n, int src, int tag) override;
 };
 
 // An MPI communicator. The MPI_Comm stays inside communicator.cpp, so including this header
@@ -186,6 +206,8 @@ class MpiComm final : public Communicator {
   Request do_iall_reduce_sum(float* buf, int64_t n) override;
   Request do_ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) override;
   Request do_iall_gather(const float* send, float* recv, int64_t n_per_rank) override;
+  Request do_isend(const float* buf, int64_t n, int dest, int tag) override;
+  Request do_irecv(float* buf, int64_t n, int src, int tag) override;
 
  private:
   struct Handle;  // the MPI_Comm
