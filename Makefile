@@ -15,8 +15,8 @@ FUZZ_TIMEOUT ?= 30
 # Which targets to run (fuzz/fuzz_NAME.cpp), e.g. `make fuzz FUZZ_TARGETS=gguf`.
 FUZZ_TARGETS ?= $(patsubst fuzz/fuzz_%.cpp,%,$(wildcard fuzz/fuzz_*.cpp))
 
-.PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench bench-tp fixtures check-demo-checkpoint fuzz \
-  fuzz-smoke format clean
+.PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench bench-tp bench-pp bench-plan \
+  fixtures check-demo-checkpoint fuzz fuzz-smoke format clean
 
 all: build
 
@@ -30,7 +30,7 @@ build: deps
 build-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=ON > /dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target loom loom_unit_tests test_collectives \
-	  test_zero_equivalence test_tensor_parallel
+	  test_zero_equivalence test_tensor_parallel test_pipeline_parallel
 
 # The worked example: LoRA fine-tuning of SmolLM2-135M-Instruct (GGUF Q4_1 base kept
 # quantized) on ../shared/data/zh_dialogue.json, then Chinese prompts answered by the base
@@ -53,17 +53,19 @@ test: build build-asan
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory fuzz-smoke
 
-# The collectives and the ZeRO engine (2 ranks) run without leak checking: OpenMPI keeps ~120 KB of its own allocations (its
+# The collectives, the ZeRO engine, TP and PP (2 ranks) run without leak checking: OpenMPI keeps ~120 KB of its own allocations (its
 # plugins') at exit.
 test-asan:
 	ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=1 $(ASAN_BUILD)/loom_unit_tests \
-	  --gtest_filter='Safetensors*:Config*:Schedule*:CliErrors*:Checkpoint*:KernelGrad*:ModuleGrad*:LlamaGrad*:Conversation*:ChatTemplates*:Generate*:Packing*:Gguf*:SftDataset*:Tokenizer*:Peft*:QMatmul*:TrainPeft*:Dist*:ZeroPlan*'
+	  --gtest_filter='Safetensors*:Config*:Trace*:Schedule*:CliErrors*:Checkpoint*:KernelGrad*:ModuleGrad*:LlamaGrad*:Conversation*:ChatTemplates*:Generate*:Packing*:Gguf*:SftDataset*:Tokenizer*:Peft*:QMatmul*:TrainPeft*:Dist*:ZeroPlan*:Plan*:Pipeline*'
 	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
 	  --bind-to none -np 2 $(ASAN_BUILD)/test_collectives
 	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
 	  --bind-to none -np 2 $(ASAN_BUILD)/test_zero_equivalence
 	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
 	  --bind-to none -np 2 $(ASAN_BUILD)/test_tensor_parallel
+	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
+	  --bind-to none -np 2 $(ASAN_BUILD)/test_pipeline_parallel
 
 # Benchmark: one GPT-2 124M training step, ours vs PyTorch's, same machine and threads.
 bench: build
@@ -73,6 +75,18 @@ bench: build
 # against Megatron's formula at tp2 and tp4 (bench/tp.sh; mpirun, not in `make test`).
 bench-tp: build
 	bash bench/tp.sh $(BUILD)
+
+# Pipeline parallelism: each stage's idle time from the schedule trace, GPipe and 1F1B at
+# m = 2, 4, 8 on pp2, against the bubble (p - 1) / (m + p - 1) (bench/pp_bubble.sh; mpirun).
+bench-pp: build
+	bash bench/pp_bubble.sh $(BUILD)
+
+# loom plan's estimates against real runs: GPT-2 124M and the default model at 2, 4 and 8
+# ranks, each in the fastest layout `loom plan --memory-per-rank` finds (bench/plan_check.sh;
+# 7-15 minutes here, not in `make test`). `bash bench/plan_calibrate.sh` re-measures the
+# cost model's constants (src/loom/train/cost_model.cpp).
+bench-plan: build
+	bash bench/plan_check.sh $(BUILD)
 
 # Regenerates tests/fixtures (needs torch + transformers; see scripts/make_fixtures.py).
 fixtures:

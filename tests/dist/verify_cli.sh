@@ -4,7 +4,7 @@
 # exit non-zero (the layouts sum in another order, so some difference is never exactly 0);
 # on one process verify refuses with a message saying how to run it. Tensor parallel: the same
 # LoRA run at tp2 (2 ranks, dropout on) is EQUAL; tp3 on 3 ranks fails at once naming the
-# heads (the fixture has 4), with nothing written.
+# heads (the fixture has 4), with nothing written. Pipeline parallel: pp2 is EQUAL and trains.
 # usage: verify_cli.sh LOOM SOURCE_DIR MPIRUN [mpirun options...]
 set -u
 loom=$1 src=$2
@@ -57,15 +57,34 @@ grep -q 'num_attention_heads 4 is not divisible by tensor_parallel.size 3' "$tmp
   { cat "$tmp/tp3.log"; fail "tp3 did not name the heads"; }
 [ ! -e "$tmp/tp3-out" ] || fail "tp3 wrote $tmp/tp3-out"
 
-# Pipeline parallel is configured and partitioned, then refused by name until its schedules
-# exist: nothing is trained or written.
-"$@" -np 2 "$loom" train "$tmp/cfg.json" --set pipeline_parallel.size=2 \
-  --set output_dir="$tmp/pp2-out" > "$tmp/pp2.log" 2>&1
+# Pipeline parallel: the same LoRA run (dropout on) at pp2 is EQUAL, the layout named, and
+# --trace writes one Chrome trace with a named track per rank holding its passes; `loom
+# train` at pp2 writes one adapter folder (the stages' parts merged, none left behind).
+"$@" -np 2 "$loom" verify "$tmp/cfg.json" --set pipeline_parallel.size=2 \
+  --set zero_optimization.stage=1 --trace "$tmp/pp2-trace.json" > "$tmp/pp2.log" 2>&1
 rc=$?
-[ $rc -ne 0 ] || fail "train at pp2 exited 0"
-grep -q 'pipeline schedules are not implemented yet (the layers would split 1 + 1)' "$tmp/pp2.log" ||
-  { cat "$tmp/pp2.log"; fail "pp2 was not refused by name"; }
-[ ! -e "$tmp/pp2-out" ] || fail "pp2 wrote $tmp/pp2-out"
+tail -3 "$tmp/pp2.log"
+[ $rc -eq 0 ] || fail "verify at pp2 exited $rc"
+grep -q '^EQUAL: ' "$tmp/pp2.log" || fail "no EQUAL verdict at pp2"
+grep -q 'pipeline parallel 2 1f1b' "$tmp/pp2.log" || fail "the pp2 layout is not named"
+python3 - "$tmp/pp2-trace.json" <<'PY' || fail "the pp2 trace lacks a track or a pass"
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+tracks = {e["tid"]: e["args"]["name"] for e in events
+          if e["ph"] == "M" and e["name"] == "thread_name"}
+assert tracks == {0: "rank 0 (dp 0, pp 0, tp 0)", 1: "rank 1 (dp 0, pp 1, tp 0)"}, tracks
+spans = {(e["tid"], e["name"]) for e in events if e["ph"] == "X"}
+for rank in (0, 1):
+    for name in ("step 0", "F0", "F1", "B0", "B1", "optimizer", "wait irecv"):
+        assert (rank, name) in spans, (rank, name)
+PY
+"$@" -np 2 "$loom" train "$tmp/cfg.json" --set pipeline_parallel.size=2 \
+  --set zero_optimization.stage=1 --set output_dir="$tmp/pp2-out" > "$tmp/pp2-train.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] || { cat "$tmp/pp2-train.log"; fail "train at pp2 exited $rc"; }
+grep -q 'pipeline parallel 2 (1f1b' "$tmp/pp2-train.log" || fail "the pp2 layout is not reported"
+[ -f "$tmp/pp2-out/checkpoint-final/adapter_model.safetensors" ] || fail "no pp2 adapter"
+! ls "$tmp/pp2-out/checkpoint-final" | grep -q stage || fail "stage parts left in the folder"
 
 "$loom" verify "$tmp/cfg.json" > "$tmp/one.log" 2>&1
 rc=$?

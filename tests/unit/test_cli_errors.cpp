@@ -117,6 +117,27 @@ TEST_F(CliErrors, PipelineLayouts) {
                  "unknown config key 'pipeline_parallel.stages'");
 }
 
+// --memory-per-rank: a positive number of GiB, with the world it lays out (usage errors:
+// exit 2, naming the option); a budget nothing fits names the smallest estimate (exit 1).
+TEST_F(CliErrors, PlanMemoryPerRank) {
+  const std::string cfg =
+      config("{\"arch\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 8, \"n_head\": 2}");
+  for (const char* bad : {"-1", "0", "abc", "inf"}) {
+    const Result r = run("plan " + cfg + " --world 2 --memory-per-rank " + bad);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find("--memory-per-rank"), std::string::npos) << r.output;
+  }
+  Result r = run("plan " + cfg + " --memory-per-rank 4");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--memory-per-rank needs --world N"), std::string::npos) << r.output;
+  expect_failure(run("plan " + cfg + " --world 2 --memory-per-rank 0.0001"),
+                 "no layout of 2 ranks fits in 0.0001 GiB per rank");
+  r = run("plan " + cfg + " --world 2 --memory-per-rank 8");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("the fastest: --set tensor_parallel.size="), std::string::npos)
+      << r.output;
+}
+
 TEST_F(CliErrors, MissingDataFile) {
   std::string cfg = config("{\"arch\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 8, \"n_head\": 2}");
   expect_failure(run("train " + cfg + " --set data.path=/nonexistent/data.txt"),

@@ -1,8 +1,10 @@
 // The `loom` program. Subcommands:
-//   loom train CONFIG.json [--set key.path=value ...]   (under mpirun: one rank of the job)
+//   loom train CONFIG.json [--set key.path=value ...] [--trace FILE]   (under mpirun: a rank)
 //   loom launch -n N [--hostfile F] -- train CONFIG.json ...   (runs mpirun for you)
-//   loom plan CONFIG.json --world N                  (memory per rank, each ZeRO stage)
-//   loom launch -n N -- verify CONFIG.json [--steps K] [--rtol R]   (N ranks == one process?)
+//   loom plan CONFIG.json --world N [--memory-per-rank GIB]   (memory per rank and stage;
+//                                                    the layouts that fit, fastest first)
+//   loom launch -n N -- verify CONFIG.json [--steps K] [--rtol R] [--trace FILE]
+//     (N ranks == one process?)
 //   loom generate --model PATH --prompt TEXT [--chat 1] [sampling flags]
 //   loom chat --model PATH [sampling flags]          (interactive; keeps the conversation)
 //   loom forward --model DIR (--ids 1,2,3 | --text TEXT) --out FILE.safetensors
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -40,10 +43,14 @@ namespace {
 
 constexpr const char* kUsage =
     "usage:\n"
-    "  loom train CONFIG.json [--set key.path=value ...]\n"
+    "  loom train CONFIG.json [--set key.path=value ...] [--trace FILE]\n"
+    "     (--trace: every rank's passes and communication as one Chrome trace, for Perfetto)\n"
     "  loom launch -n N [--hostfile FILE] -- train CONFIG.json ...   (N ranks via mpirun)\n"
-    "  loom plan CONFIG.json --world N [--set ...]   (memory per rank for ZeRO stages 0-3)\n"
-    "  loom launch -n N -- verify CONFIG.json [--steps K] [--rtol R] [--set ...]\n"
+    "  loom plan CONFIG.json --world N [--set ...]   (memory per rank: ZeRO stages 0-3,\n"
+    "     pipeline stages)\n"
+    "  loom plan CONFIG.json --world N --memory-per-rank GIB   (the layouts that fit, fastest\n"
+    "     first by estimated step time)\n"
+    "  loom launch -n N -- verify CONFIG.json [--steps K] [--rtol R] [--set ...] [--trace FILE]\n"
     "     (trains K steps on N ranks and on one process; exit 1 when they differ)\n"
     "  loom generate --model PATH --prompt TEXT [--chat 1] [--system S] [sampling]\n"
     "  loom chat --model PATH [--system S] [sampling]\n"
@@ -133,12 +140,14 @@ int on_every_rank(Fn&& fn) {
 // loom train: every rank builds its part of the model (its tensor-parallel shards) and
 // trains its data-parallel slice of each global batch.
 int cmd_train(const Args& a) {
-  a.only({"--set"});
+  a.only({"--set", "--trace"});
   if (a.positional.size() != 1) throw UsageError("train takes one CONFIG.json");
   std::vector<std::string> sets;
-  for (auto& [k, v] : a.flags) sets.push_back(v);
+  for (auto& [k, v] : a.flags)
+    if (k == "--set") sets.push_back(v);
   return on_every_rank([&](loom::dist::Communicator& world) {
     loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, world.size());
+    if (a.get("--trace")) cfg.trace_path = *a.get("--trace");
     loom::dist::ProcessMesh mesh(world, cfg.tensor_parallel, cfg.pipeline.size);
     loom::train::Trainer trainer(cfg, nullptr, &mesh);
     trainer.run();
@@ -149,13 +158,14 @@ int cmd_train(const Args& a) {
 // loom verify CONFIG [--steps K] [--rtol R] [--set ...], under mpirun: the job's layout
 // against one process (train/verify.h). Exit 1 when they differ by more than rtol.
 int cmd_verify(const Args& a) {
-  a.only({"--set", "--steps", "--rtol"});
+  a.only({"--set", "--steps", "--rtol", "--trace"});
   if (a.positional.size() != 1) throw UsageError("verify takes one CONFIG.json");
   std::vector<std::string> sets;
   for (auto& [k, v] : a.flags)
     if (k == "--set") sets.push_back(v);
   return on_every_rank([&](loom::dist::Communicator& world) {
     loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, world.size());
+    if (a.get("--trace")) cfg.trace_path = *a.get("--trace");
     loom::dist::ProcessMesh mesh(world, cfg.tensor_parallel, cfg.pipeline.size);
     const int64_t steps = a.get("--steps") ? to_int(*a.get("--steps"), "--steps")
                                            : std::min<int64_t>(cfg.train_steps, 10);
@@ -187,18 +197,32 @@ int cmd_launch(int argc, char** argv) {
                             hostfile);
 }
 
-// loom plan CONFIG --world N: bytes per rank for each ZeRO stage, from the model's shapes
-// alone (no weights read, nothing trained).
+// loom plan CONFIG --world N: bytes per rank for each ZeRO stage (and pipeline stage), from
+// the model's shapes alone (no weights read, nothing trained); with --memory-per-rank GIB,
+// the layouts of N ranks that fit, fastest first.
 int cmd_plan(const Args& a) {
-  a.only({"--world", "--set"});
+  a.only({"--world", "--set", "--memory-per-rank"});
   if (a.positional.size() != 1) throw UsageError("plan takes one CONFIG.json");
   const int world = a.get("--world") ? static_cast<int>(to_int(*a.get("--world"), "--world")) : 1;
   if (world < 1) throw UsageError("--world must be at least 1");
+  double budget = 0;
+  if (const std::string* g = a.get("--memory-per-rank")) {
+    if (!a.get("--world"))
+      throw UsageError("--memory-per-rank needs --world N (the ranks to lay out)");
+    budget = to_float(*g, "--memory-per-rank");
+    if (!(budget > 0) || !std::isfinite(budget))
+      throw UsageError("--memory-per-rank must be a positive number of GiB, got '" + *g + "'");
+  }
   std::vector<std::string> sets;
   for (auto& [k, v] : a.flags)
     if (k == "--set") sets.push_back(v);
-  loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, world);
-  std::printf("%s", loom::train::plan_report(cfg, world).c_str());
+  if (budget > 0) {
+    const loom::train::TrainConfig cfg = loom::train::search_config(a.positional[0], sets, world);
+    std::printf("%s", loom::train::layouts_report(cfg, world, budget).c_str());
+  } else {
+    const loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, world);
+    std::printf("%s", loom::train::plan_report(cfg, world).c_str());
+  }
   return 0;
 }
 

@@ -36,12 +36,13 @@ nlohmann::json read_json_file(const fs::path& path) {
   }
 }
 
-std::unique_ptr<models::CausalLM> load_hf_model(const fs::path& dir, const nn::TensorParallel& tp) {
+std::unique_ptr<models::CausalLM> load_hf_model(const fs::path& dir, const nn::TensorParallel& tp,
+                                                const models::StageRange& stage) {
   LOOM_CHECK(fs::is_directory(dir), dir.string() +
                                         ": not a model folder (expected config.json "
                                         "and model.safetensors inside)");
-  auto model =
-      models::make_model(read_json_file(dir / "config.json"), (dir / "config.json").string(), tp);
+  auto model = models::make_model(read_json_file(dir / "config.json"),
+                                  (dir / "config.json").string(), tp, stage);
   load_hf_weights(*model, dir);
   return model;
 }
@@ -144,6 +145,43 @@ void write_tokenizer_files(const fs::path& dir, const fs::path& tokenizer_from) 
 
 void save_hf_checkpoint(models::CausalLM& model, const fs::path& dir,
                         const fs::path& tokenizer_from) {
+  write_folder_atomically(dir, [&](const fs::path& tmp) {
+    write_hf_config(model, tmp, tokenizer_from);
+    write_hf_weights(model, tmp / hf_weights_file(0, 1));
+  });
+}
+
+void write_hf_config(models::CausalLM& model, const fs::path& dir, const fs::path& tokenizer_from) {
+  write_json_file(dir / "config.json", model.hf_config());
+  write_tokenizer_files(dir, tokenizer_from);
+}
+
+std::string hf_weights_file(int part, int parts) {
+  if (parts == 1) return "model.safetensors";
+  char name[64];
+  std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", part + 1, parts);
+  return name;
+}
+
+void write_hf_index(const fs::path& dir, int parts) {
+  nlohmann::ordered_json map = nlohmann::ordered_json::object();
+  int64_t total = 0;
+  for (int s = 0; s < parts; ++s) {
+    const std::string file = hf_weights_file(s, parts);
+    const SafetensorsFile f = SafetensorsFile::open(dir / file);
+    for (const auto& t : f.tensors()) {
+      LOOM_CHECK(!map.contains(t.name),
+                 (dir / file).string() + ": tensor '" + t.name + "' is in another part too");
+      map[t.name] = file;
+      total += static_cast<int64_t>(t.data.size());
+    }
+  }
+  write_json_file(
+      dir / "model.safetensors.index.json",
+      nlohmann::ordered_json{{"metadata", {{"total_size", total}}}, {"weight_map", map}});
+}
+
+void write_hf_weights(models::CausalLM& model, const fs::path& file) {
   // LoRA branches merge into the weight they sit on; other PEFT parameters have no place in
   // the base architecture.
   std::map<const nn::Parameter*, const nn::LoRA*> lora_of;
@@ -153,50 +191,46 @@ void save_hf_checkpoint(models::CausalLM& model, const fs::path& dir,
     const bool lora_param =
         p->name.ends_with(".lora_A.weight") || p->name.ends_with(".lora_B.weight");
     LOOM_CHECK(!p->adapter || lora_param,
-               dir.string() + ": " + p->name +
+               file.parent_path().string() + ": " + p->name +
                    " belongs to a bottleneck adapter or prefix, which cannot be merged into the "
                    "base weights (save the adapter folder instead)");
   }
-  write_folder_atomically(dir, [&](const fs::path& tmp) {
-    write_json_file(tmp / "config.json", model.hf_config());
-    // HF layout, f32: views of our buffers where nothing changes; copies where a weight is
-    // dequantized, has LoRA merged in, or is a transposed Conv1D weight.
-    std::vector<std::vector<float>> copies;
-    std::vector<StWriteTensor> tensors;
-    for (auto& p : model.params().all()) {
-      if (p->adapter) continue;
-      LOOM_CHECK(p->shape == p->full_shape,
-                 "internal: " + p->name + " is a tensor-parallel shard; gather it before saving");
-      StWriteTensor t;
-      t.name = p->name;
-      t.dtype = StDType::F32;
-      t.nbytes = shape_numel(p->shape) * sizeof(float);
-      t.shape = p->shape;
-      t.data = p->quantized() ? nullptr : p->value.raw();
-      auto lora = lora_of.find(p.get());
-      const bool transposed = model.hf_transposed(*p);
-      if (p->quantized() || lora != lora_of.end() || transposed) {
-        auto& buf = copies.emplace_back(shape_numel(p->shape));
-        if (p->quantized())
-          p->quant->dequantize_rows(0, p->quant->rows, buf.data());
-        else
-          std::copy_n(p->value.f32(), buf.size(), buf.begin());
-        if (lora != lora_of.end()) lora->second->merge_into(buf.data());
-        if (transposed) {
-          const int64_t rows = p->shape[0], cols = p->shape[1];
-          std::vector<float> tr(buf.size());
-          for (int64_t o = 0; o < rows; ++o)
-            for (int64_t i = 0; i < cols; ++i) tr[i * rows + o] = buf[o * cols + i];
-          buf.swap(tr);
-          t.shape = {cols, rows};
-        }
-        t.data = buf.data();
+  // HF layout, f32: views of our buffers where nothing changes; copies where a weight is
+  // dequantized, has LoRA merged in, or is a transposed Conv1D weight.
+  std::vector<std::vector<float>> copies;
+  std::vector<StWriteTensor> tensors;
+  for (auto& p : model.params().all()) {
+    if (p->adapter || p->stage_copy) continue;
+    LOOM_CHECK(p->shape == p->full_shape,
+               "internal: " + p->name + " is a tensor-parallel shard; gather it before saving");
+    StWriteTensor t;
+    t.name = p->name;
+    t.dtype = StDType::F32;
+    t.nbytes = shape_numel(p->shape) * sizeof(float);
+    t.shape = p->shape;
+    t.data = p->quantized() ? nullptr : p->value.raw();
+    auto lora = lora_of.find(p.get());
+    const bool transposed = model.hf_transposed(*p);
+    if (p->quantized() || lora != lora_of.end() || transposed) {
+      auto& buf = copies.emplace_back(shape_numel(p->shape));
+      if (p->quantized())
+        p->quant->dequantize_rows(0, p->quant->rows, buf.data());
+      else
+        std::copy_n(p->value.f32(), buf.size(), buf.begin());
+      if (lora != lora_of.end()) lora->second->merge_into(buf.data());
+      if (transposed) {
+        const int64_t rows = p->shape[0], cols = p->shape[1];
+        std::vector<float> tr(buf.size());
+        for (int64_t o = 0; o < rows; ++o)
+          for (int64_t i = 0; i < cols; ++i) tr[i * rows + o] = buf[o * cols + i];
+        buf.swap(tr);
+        t.shape = {cols, rows};
       }
-      tensors.push_back(std::move(t));
+      t.data = buf.data();
     }
-    write_safetensors(tmp / "model.safetensors", tensors, {{"format", "pt"}});
-    write_tokenizer_files(tmp, tokenizer_from);
-  });
+    tensors.push_back(std::move(t));
+  }
+  write_safetensors(file, tensors, {{"format", "pt"}});
 }
 
 }  // namespace loom::io

@@ -20,7 +20,8 @@ namespace loom::io {
 class SafetensorsCheckpoint;
 
 std::unique_ptr<models::CausalLM> load_hf_model(const std::filesystem::path& dir,
-                                                const nn::TensorParallel& tp = {});
+                                                const nn::TensorParallel& tp = {},
+                                                const models::StageRange& stage = {});
 // Fills p from the checkpoint's tensor `key` (its full shape; transposed when the model
 // says HF stores p transposed), keeping this rank's shard of it.
 void read_param(const SafetensorsCheckpoint& ck, const std::string& key,
@@ -30,6 +31,16 @@ void load_hf_weights(models::CausalLM& model, const std::filesystem::path& file_
 // weights (write_tokenizer_files).
 void save_hf_checkpoint(models::CausalLM& model, const std::filesystem::path& dir,
                         const std::filesystem::path& tokenizer_from = {});
+// The parts of save_hf_checkpoint, for a model whose pipeline stages each write theirs:
+// the weights `model` holds (full tensors; LoRA merged in; a tied embedding's stage copy
+// left to the first stage) into one safetensors file; config.json and the tokenizer files;
+// and, for a folder of `parts` weight files (hf_weights_file(s, parts) for s < parts), the
+// model.safetensors.index.json transformers reads them by.
+void write_hf_weights(models::CausalLM& model, const std::filesystem::path& file);
+void write_hf_config(models::CausalLM& model, const std::filesystem::path& dir,
+                     const std::filesystem::path& tokenizer_from);
+std::string hf_weights_file(int part, int parts);  // model.safetensors, model-00001-of-00004...
+void write_hf_index(const std::filesystem::path& dir, int parts);
 
 // Reads and parses a JSON file; errors name the file and the line of a syntax error.
 nlohmann::json read_json_file(const std::filesystem::path& path);

@@ -50,7 +50,7 @@ QuantMatrix shard_of(const QuantMatrix& q, const nn::Parameter& p, const fs::pat
 
 std::unique_ptr<models::CausalLM> load_gguf_model(const fs::path& file, const LoadOptions& opt) {
   GgufFile f = GgufFile::open(file);
-  auto model = models::make_model(gguf_hf_config(f), file.string(), opt.tp);
+  auto model = models::make_model(gguf_hf_config(f), file.string(), opt.tp, opt.stage);
   auto keep_f32 = [&](const std::string& hf_name) {
     const std::string module = hf_name.substr(0, hf_name.rfind('.'));
     for (const std::string& m : opt.keep_f32_modules)
@@ -64,7 +64,7 @@ std::unique_ptr<models::CausalLM> load_gguf_model(const fs::path& file, const Lo
     const std::string hf = gguf_to_hf_name(t.name);
     nn::Parameter* p = hf.empty() ? nullptr : model->params().find(hf);
     if (!p) {
-      unused.push_back(t.name);
+      if (hf.empty() || !model->hf_ignorable(hf)) unused.push_back(t.name);
       continue;
     }
     LOOM_CHECK(t.hf_shape() == p->full_shape, file.string() + ": tensor '" + t.name + "' (" + hf +
@@ -94,11 +94,25 @@ std::unique_ptr<models::CausalLM> load_gguf_model(const fs::path& file, const Lo
   return model;
 }
 
+nlohmann::json read_model_config(const fs::path& path, const fs::path& base) {
+  const fs::path p = expand_user(path);
+  if (is_adapter_folder(p)) {
+    fs::path b = base.empty() ? expand_user(read_adapter_config(p).base) : base;
+    if (b.is_relative() && !fs::exists(b) && fs::exists(p / b)) b = p / b;  // as load_adapter_model
+    return read_model_config(b);
+  }
+  if (is_gguf(p)) return gguf_hf_config(GgufFile::open(p));
+  LOOM_CHECK(fs::is_directory(p), p.string() +
+                                      ": not a model folder (expected config.json "
+                                      "and model.safetensors inside)");
+  return read_json_file(p / "config.json");
+}
+
 std::unique_ptr<models::CausalLM> load_model(const fs::path& path, const LoadOptions& opt) {
   const fs::path p = expand_user(path);
   if (is_adapter_folder(p)) return load_adapter_model(p, opt);
   if (is_gguf(p)) return load_gguf_model(p, opt);
-  return load_hf_model(p, opt.tp);
+  return load_hf_model(p, opt.tp, opt.stage);
 }
 
 }  // namespace loom::io

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ struct LoadOptions {
   // The tensor-parallel group to split the model over: each rank keeps its shards (a kept-
   // quantized weight split by input columns must split on whole ggml blocks).
   nn::TensorParallel tp;
+  // The pipeline stage to build: only its tensors are read (the others are left to the
+  // other stages' ranks).
+  models::StageRange stage;
 };
 
 bool is_gguf(const std::filesystem::path& p);  // a file whose name ends in .gguf
@@ -32,5 +36,9 @@ std::unique_ptr<models::CausalLM> load_gguf_model(const std::filesystem::path& f
                                                   const LoadOptions& opt = {});
 std::unique_ptr<models::CausalLM> load_model(const std::filesystem::path& path,
                                              const LoadOptions& opt = {});
+// The Hugging Face config.json of the model load_model would build from `path`, without
+// reading its weights (an adapter folder: its base's; `base` as in LoadOptions).
+nlohmann::json read_model_config(const std::filesystem::path& path,
+                                 const std::filesystem::path& base = {});
 
 }  // namespace loom::io

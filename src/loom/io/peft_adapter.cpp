@@ -192,9 +192,12 @@ void load_adapter_weights(models::CausalLM& model, const fs::path& dir) {
     read_param(ck, kPrefixKey, model, *pre->embedding());
     used.insert(kPrefixKey);
   }
+  const std::string prefix = "base_model.model.";
   for (const std::string& n : ck.names())
-    LOOM_CHECK(used.count(n), file.string() + ": tensor '" + n + "' is not part of this " +
-                                  model.arch() + " model's adapter");
+    LOOM_CHECK(
+        used.count(n) || (n.starts_with(prefix) && model.in_other_stage(n.substr(prefix.size()))),
+        file.string() + ": tensor '" + n + "' is not part of this " + model.arch() +
+            " model's adapter");
 }
 
 std::unique_ptr<models::CausalLM> load_adapter_model(const fs::path& dir, const LoadOptions& opt) {
@@ -223,35 +226,63 @@ std::unique_ptr<models::CausalLM> load_adapter_model(const fs::path& dir, const 
 void save_adapter(models::CausalLM& model, const models::PeftConfig& cfg, const fs::path& dir,
                   const std::string& base, const fs::path& tokenizer_from) {
   write_folder_atomically(dir, [&](const fs::path& tmp) {
-    write_json_file(tmp / "adapter_config.json", config_json(model, cfg, base));
-    std::vector<std::vector<float>> copies;
-    std::vector<StWriteTensor> tensors;
-    for (auto& [key, p] : adapter_tensors(model)) {
-      LOOM_CHECK(p->shape == p->full_shape,
-                 "internal: " + p->name + " is a tensor-parallel shard; gather it before saving");
-      StWriteTensor t{key, StDType::F32, p->shape, p->value.raw(), p->value.nbytes()};
-      if (model.hf_transposed(*p)) {
-        const int64_t rows = p->shape[0], cols = p->shape[1];
-        auto& buf = copies.emplace_back(rows * cols);
-        for (int64_t o = 0; o < rows; ++o)
-          for (int64_t i = 0; i < cols; ++i) buf[i * rows + o] = p->value.f32()[o * cols + i];
-        t.shape = {cols, rows};
-        t.data = buf.data();
-      }
-      tensors.push_back(std::move(t));
-    }
-    if (nn::KVPrefix* pre = model.kv_prefix()) {
-      // Without projection the table is the parameter (whole here, nn/full_tensors.h).
-      const Tensor& table = pre->spec().projection ? pre->forward() : pre->embedding()->value;
-      LOOM_CHECK(table.dim(1) == 2 * pre->num_layers() * pre->full_kv_width(),
-                 dir.string() +
-                     ": a projected prefix table split over tensor-parallel ranks "
-                     "cannot be saved (train it with prefix_projection false)");
-      tensors.push_back({kPrefixKey, StDType::F32, table.shape(), table.raw(), table.nbytes()});
-    }
-    write_safetensors(tmp / "adapter_model.safetensors", tensors, {{"format", "pt"}});
-    write_tokenizer_files(tmp, tokenizer_from);
+    write_adapter_config(model, cfg, tmp, base, tokenizer_from);
+    write_adapter_weights(model, tmp / "adapter_model.safetensors");
   });
+}
+
+void write_adapter_config(models::CausalLM& model, const models::PeftConfig& cfg,
+                          const fs::path& dir, const std::string& base,
+                          const fs::path& tokenizer_from) {
+  write_json_file(dir / "adapter_config.json", config_json(model, cfg, base));
+  write_tokenizer_files(dir, tokenizer_from);
+}
+
+void write_adapter_weights(models::CausalLM& model, const fs::path& file) {
+  std::vector<std::vector<float>> copies;
+  std::vector<StWriteTensor> tensors;
+  for (auto& [key, p] : adapter_tensors(model)) {
+    if (p->stage_copy) continue;  // the first pipeline stage writes the tied table
+    LOOM_CHECK(p->shape == p->full_shape,
+               "internal: " + p->name + " is a tensor-parallel shard; gather it before saving");
+    StWriteTensor t{key, StDType::F32, p->shape, p->value.raw(), p->value.nbytes()};
+    if (model.hf_transposed(*p)) {
+      const int64_t rows = p->shape[0], cols = p->shape[1];
+      auto& buf = copies.emplace_back(rows * cols);
+      for (int64_t o = 0; o < rows; ++o)
+        for (int64_t i = 0; i < cols; ++i) buf[i * rows + o] = p->value.f32()[o * cols + i];
+      t.shape = {cols, rows};
+      t.data = buf.data();
+    }
+    tensors.push_back(std::move(t));
+  }
+  if (nn::KVPrefix* pre = model.kv_prefix()) {
+    // Without projection the table is the parameter (whole here, nn/full_tensors.h).
+    const Tensor& table = pre->spec().projection ? pre->forward() : pre->embedding()->value;
+    LOOM_CHECK(table.dim(1) == 2 * pre->num_layers() * pre->full_kv_width(),
+               file.parent_path().string() +
+                   ": a projected prefix table split over tensor-parallel ranks "
+                   "cannot be saved (train it with prefix_projection false)");
+    tensors.push_back({kPrefixKey, StDType::F32, table.shape(), table.raw(), table.nbytes()});
+  }
+  write_safetensors(file, tensors, {{"format", "pt"}});
+}
+
+void merge_adapter_weights(const fs::path& dir, const std::vector<fs::path>& parts) {
+  std::vector<SafetensorsFile> files;
+  std::vector<StWriteTensor> tensors;
+  std::set<std::string> seen;
+  for (const fs::path& part : parts) {
+    const SafetensorsFile& f = files.emplace_back(SafetensorsFile::open(part));
+    for (const auto& t : f.tensors()) {
+      LOOM_CHECK(seen.insert(t.name).second,
+                 part.string() + ": tensor '" + t.name + "' is in another part too");
+      tensors.push_back({t.name, t.dtype, t.shape, t.data.data(), t.data.size()});
+    }
+  }
+  write_safetensors(dir / "adapter_model.safetensors", tensors, {{"format", "pt"}});
+  files.clear();
+  for (const fs::path& part : parts) fs::remove(part);
 }
 
 }  // namespace loom::io

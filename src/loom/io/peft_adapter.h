@@ -44,5 +44,16 @@ std::unique_ptr<models::CausalLM> load_adapter_model(const std::filesystem::path
 void save_adapter(models::CausalLM& model, const models::PeftConfig& cfg,
                   const std::filesystem::path& dir, const std::string& base_model_name_or_path,
                   const std::filesystem::path& tokenizer_from = {});
+// The parts of save_adapter, for a model whose pipeline stages each write theirs: the
+// adapter tensors `model` holds (full tensors) into one safetensors file; the config and
+// tokenizer files; and the stages' files merged into adapter_model.safetensors (PEFT reads
+// one file), the parts removed.
+void write_adapter_weights(models::CausalLM& model, const std::filesystem::path& file);
+void write_adapter_config(models::CausalLM& model, const models::PeftConfig& cfg,
+                          const std::filesystem::path& dir,
+                          const std::string& base_model_name_or_path,
+                          const std::filesystem::path& tokenizer_from);
+void merge_adapter_weights(const std::filesystem::path& dir,
+                           const std::vector<std::filesystem::path>& parts);
 
 }  // namespace loom::io

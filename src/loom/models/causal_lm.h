@@ -32,6 +32,20 @@ struct KVCache {
   int64_t capacity = 0;  // max tokens (the model's positions)
 };
 
+// A pipeline rank's share of the model (parallel/pipeline.h cuts them): one or more chunks,
+// each a run of consecutive layers [first, last), in model order (the interleaved schedule
+// gives a rank several). The rank holding layer 0 also holds the embeddings, the one holding
+// the last layer the final norm and the head (a tied head: its own copy of the token
+// table). No chunks: the whole model.
+struct StageRange {
+  std::vector<std::pair<int64_t, int64_t>> chunks;
+};
+
+// What a model's constructor does with its parameters: lays out their buffers (values zero
+// until init or load), or only declares them (names, shapes, shards, nothing allocated):
+// enough to plan memory and work for a model of any size (loom plan), not to run it.
+enum class ParamBuffers { Allocate, DeclareOnly };
+
 // Engines that shard parameters (ZeRO-3) or overlap gradient communication with backward
 // (data parallel, ZeRO-2) follow the model through its units: groups of parameters it
 // visits in order. Unit 0: the embeddings; 1..L: the blocks; L+1: the final norm and the
@@ -54,6 +68,30 @@ class CausalLM {
   // packed sample starts, and attention stays inside each sample. Undefined: 0..T-1.
   virtual const Tensor& forward(const Tensor& ids, const Tensor& pos = Tensor()) = 0;
   virtual double backward(const Tensor& targets, float grad_scale) = 0;
+  // A pipeline stage's share of forward and backward (forward/backward above are both on a
+  // model that is one stage). forward_stage: the first stage reads ids; a later one takes
+  // x_in, the previous stage's output [B, T, C] (this rank's rows [B*T/tp, C] under sequence
+  // parallel). Returns the logits on the last stage, else this stage's output (same shape
+  // as x_in), which stays valid until the next forward. Every stage needs ids (their shape)
+  // and pos. backward_stage: the last stage takes targets and returns the loss SUM; an
+  // earlier one takes dout, the gradient at its output, and returns 0. input_grad() is then
+  // the gradient at x_in (not on the first stage), valid until the next backward.
+  // `chunk`: which of the rank's model chunks (StageRange) runs; the first stage is the
+  // model's first chunk, the last stage its last chunk.
+  virtual const Tensor& forward_stage(const Tensor& ids, const Tensor& pos, const Tensor& x_in,
+                                      int chunk) = 0;
+  virtual double backward_stage(const Tensor& targets, float grad_scale, const Tensor& dout,
+                                int chunk) = 0;
+  virtual const Tensor& input_grad(int chunk) const = 0;
+  // True for a tensor name (HF's, or under it, e.g. a LoRA weight's) that another pipeline
+  // stage holds: a stage model loads only its own and leaves the rest to the others.
+  virtual bool in_other_stage(const std::string& name) const = 0;
+  // A tied head's token table when this stage holds it (first or last stage), else null.
+  virtual nn::Parameter* tied_embedding() const = 0;
+  // The shape of what crosses between stages for a [B, T] micro-batch.
+  virtual Shape stage_io_shape(int64_t B, int64_t T) const = 0;
+  virtual bool first_stage() const = 0;  // holds the model's first chunk
+  virtual bool last_stage() const = 0;   // holds the model's last chunk
   // Evaluation, after forward: per_row[b] = the sum of row b's token losses against
   // targets [B, T] (ignored targets add 0); the logits stay. Collective like forward.
   virtual void loss_sums(const Tensor& targets, double* per_row) = 0;

@@ -8,24 +8,58 @@
 
 namespace loom::models {
 
-Decoder::Decoder(DecoderSpec spec)
+Decoder::Decoder(DecoderSpec spec, ParamBuffers buffers)
     : spec_(std::move(spec)),
-      tok_embed_(ps_, spec_.tok_embed, spec_.vocab, spec_.hidden, spec_.init_std, spec_.tp) {
-  if (!spec_.pos_embed.empty())
+      chunks_(spec_.stage.chunks.empty()
+                  ? std::vector<std::pair<int64_t, int64_t>>{{0, spec_.layers}}
+                  : spec_.stage.chunks),
+      first_(chunks_.front().first == 0),
+      last_(chunks_.back().second == spec_.layers) {
+  for (size_t k = 0; k < chunks_.size(); ++k) {
+    const int64_t a = chunks_[k].first, b = chunks_[k].second;
+    LOOM_CHECK(0 <= a && a < b && b <= spec_.layers && (k == 0 || chunks_[k - 1].second <= a),
+               "internal: pipeline chunk of layers [" + std::to_string(a) + ", " +
+                   std::to_string(b) + ") outside the model's " + std::to_string(spec_.layers) +
+                   " or out of order");
+  }
+  if (first_ || (last_ && spec_.tied_head)) {
+    tok_embed_ = std::make_unique<nn::VocabParallelEmbedding>(
+        ps_, spec_.tok_embed, spec_.vocab, spec_.hidden, spec_.init_std, spec_.tp);
+    tok_embed_->weight()->stage_copy = !first_;
+  }
+  if (first_ && !spec_.pos_embed.empty())
     pos_embed_ = std::make_unique<nn::Embedding>(ps_, spec_.pos_embed, spec_.max_positions,
                                                  spec_.hidden, spec_.init_std);
-  for (int64_t l = 0; l < spec_.layers; ++l)
-    blocks_.push_back(spec_.make_block(ps_, spec_.block_prefix + std::to_string(l)));
-  final_norm_ = spec_.make_norm(ps_, spec_.final_norm);
-  nn::Parameter* w =
-      spec_.tied_head
-          ? tok_embed_.weight()
-          : ps_.add(spec_.lm_head + ".weight", {spec_.vocab, spec_.hidden}, nn::ParamKind::Weight,
-                    spec_.init_std, 0.0f,
-                    spec_.tp.active() ? nn::vocab_shard(spec_.vocab, spec_.tp, spec_.lm_head)
-                                      : nn::ShardSpec{});
-  head_ = std::make_unique<nn::LMHead>(w, spec_.vocab, spec_.tp);
-  ps_.materialize();
+  for (const auto& [a, b] : chunks_) {
+    chunk_start_.push_back(blocks_.size());
+    for (int64_t l = a; l < b; ++l) {
+      blocks_.push_back(spec_.make_block(ps_, spec_.block_prefix + std::to_string(l)));
+      layer_of_.push_back(l);
+    }
+  }
+  chunk_start_.push_back(blocks_.size());
+  dinput_.resize(chunks_.size());
+  if (last_) {
+    final_norm_ = spec_.make_norm(ps_, spec_.final_norm);
+    nn::Parameter* w =
+        spec_.tied_head
+            ? tok_embed_->weight()
+            : ps_.add(spec_.lm_head + ".weight", {spec_.vocab, spec_.hidden}, nn::ParamKind::Weight,
+                      spec_.init_std, 0.0f,
+                      spec_.tp.active() ? nn::vocab_shard(spec_.vocab, spec_.tp, spec_.lm_head)
+                                        : nn::ShardSpec{});
+    head_ = std::make_unique<nn::LMHead>(w, spec_.vocab, spec_.tp);
+  }
+  if (buffers == ParamBuffers::Allocate) ps_.materialize();
+}
+
+bool Decoder::in_other_stage(const std::string& n) const {
+  if (const int u = block_unit(n, spec_.block_prefix); u >= 1)
+    return std::find(layer_of_.begin(), layer_of_.end(), u - 1) == layer_of_.end();
+  if (n.starts_with(spec_.tok_embed + ".")) return !first_ && !(last_ && spec_.tied_head);
+  if (!spec_.pos_embed.empty() && n.starts_with(spec_.pos_embed + ".")) return !first_;
+  if (n.starts_with(spec_.final_norm + ".") || n.starts_with(spec_.lm_head + ".")) return !last_;
+  return false;
 }
 
 std::vector<nn::Linear*> Decoder::linears() {
@@ -35,11 +69,15 @@ std::vector<nn::Linear*> Decoder::linears() {
 }
 
 void Decoder::add_bottleneck_adapters(const nn::AdapterSpec& spec) {
-  for (size_t l = 0; l < blocks_.size(); ++l)
-    blocks_[l]->add_adapters(ps_, spec_.block_prefix + std::to_string(l), spec_.hidden, spec);
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    blocks_[i]->add_adapters(ps_, spec_.block_prefix + std::to_string(layer_of_[i]), spec_.hidden,
+                             spec);
 }
 
 void Decoder::add_kv_prefix(const nn::PrefixSpec& spec) {
+  LOOM_CHECK(first_ && last_,
+             "prefix tuning under pipeline_parallel.size > 1 is not supported "
+             "(every stage would hold the whole prefix table); use LoRA");
   prefix_ = std::make_unique<nn::KVPrefix>(ps_, spec, spec_.layers, spec_.kv_width, spec_.kv_heads,
                                            spec_.tp);
   for (size_t l = 0; l < blocks_.size(); ++l)
@@ -56,7 +94,7 @@ int Decoder::unit_of(const std::string& n) const {
 }
 
 void Decoder::embed(const int32_t* ids, const int32_t* abs_pos, int64_t N, Tensor& x) {
-  tok_embed_.forward(ids, N, x);
+  tok_embed_->forward(ids, N, x);
   // This rank's rows start at token `first` (0 unless sequence parallel).
   const int64_t rows = x.numel() / spec_.hidden,
                 first = spec_.tp.sequence_split() ? spec_.tp.first(N) : 0;
@@ -95,6 +133,23 @@ void Decoder::set_positions() {
 }
 
 const Tensor& Decoder::forward(const Tensor& ids, const Tensor& pos) {
+  LOOM_CHECK(first_ && last_, "internal: forward() on a pipeline stage (use forward_stage)");
+  return forward_stage(ids, pos, Tensor(), 0);
+}
+
+double Decoder::backward(const Tensor& targets, float grad_scale) {
+  LOOM_CHECK(first_ && last_, "internal: backward() on a pipeline stage (use backward_stage)");
+  return backward_stage(targets, grad_scale, Tensor(), 0);
+}
+
+const Tensor& Decoder::forward_stage(const Tensor& ids, const Tensor& pos, const Tensor& x_in,
+                                     int chunk) {
+  LOOM_CHECK(
+      chunk >= 0 && chunk < static_cast<int>(chunks_.size()),
+      "internal: model chunk " + std::to_string(chunk) + " of " + std::to_string(chunks_.size()));
+  // The model's first and last chunk: the embeddings, and the final norm and head.
+  const bool embeds = first_ && chunk == 0,
+             heads = last_ && chunk + 1 == static_cast<int>(chunks_.size());
   LOOM_CHECK(ids.ndim() == 2, arch() + ": ids must be [B, T], got " + shape_str(ids.shape()));
   const int64_t B = ids.dim(0), T = ids.dim(1), P = prefix_length();
   LOOM_CHECK(P + T <= spec_.max_positions,
@@ -131,38 +186,52 @@ const Tensor& Decoder::forward(const Tensor& ids, const Tensor& pos) {
   where_.batch = B;
   where_.seq = T;
 
-  nn::ensure(x0_, stream_shape(B, T));
   // A tied head reads the embedding again at the end: hold it for the whole forward rather
   // than gather it twice.
-  std::optional<UnitScope> emb(std::in_place, hooks_, 0);
-  embed(ids.i32(), abs_pos_.i32(), B * T, x0_);
-  if (!spec_.tied_head) emb.reset();
-  const Tensor* x = &x0_;
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    UnitScope u(hooks_, static_cast<int>(l) + 1);
-    x = &blocks_[l]->forward(*x, where_);
+  std::optional<UnitScope> emb;
+  const Tensor* x = &x_in;
+  if (embeds) {
+    LOOM_CHECK(!x_in.defined(), "internal: the first pipeline stage embeds its own input");
+    nn::ensure(x0_, stream_shape(B, T));
+    emb.emplace(hooks_, 0);
+    embed(ids.i32(), abs_pos_.i32(), B * T, x0_);
+    if (!spec_.tied_head || !heads) emb.reset();
+    x = &x0_;
+  } else {
+    LOOM_CHECK(x_in.defined() && x_in.shape() == stream_shape(B, T),
+               "pipeline stage input " + shape_str(x_in.shape()) + " is not the expected " +
+                   shape_str(stream_shape(B, T)));
   }
+  for (size_t i = chunk_start_[chunk]; i < chunk_start_[chunk + 1]; ++i) {
+    UnitScope u(hooks_, static_cast<int>(layer_of_[i]) + 1);
+    x = &blocks_[i]->forward(*x, where_);
+  }
+  if (!heads) return *x;
+  if (spec_.tied_head && !emb) emb.emplace(hooks_, 0);
   UnitScope u(hooks_, head_unit());
   return head_->forward(gather_for_head(final_norm_->forward(*x)));
 }
 
-double Decoder::backward(const Tensor& targets, float grad_scale) {
+double Decoder::backward_stage(const Tensor& targets, float grad_scale, const Tensor& dout,
+                               int chunk) {
   LOOM_CHECK(ids_.defined(), arch() + ": backward called before forward");
-  LOOM_CHECK(targets.shape() == ids_.shape(), "targets " + shape_str(targets.shape()) +
-                                                  " do not match ids " + shape_str(ids_.shape()));
+  const bool embeds = first_ && chunk == 0,
+             heads = last_ && chunk + 1 == static_cast<int>(chunks_.size());
   const int64_t B = ids_.dim(0), T = ids_.dim(1), C = spec_.hidden;
   const nn::TensorParallel& tp = spec_.tp;
   const Shape stream = stream_shape(B, T);  // the residual stream's gradients
   std::optional<UnitScope> pre;
   if (prefix_) pre.emplace(hooks_, prefix_unit());
   std::optional<UnitScope> tied;  // the head's weight is the embedding: held to the end
-  if (spec_.tied_head) tied.emplace(hooks_, 0);
+  if (spec_.tied_head && heads) tied.emplace(hooks_, 0);
   // Residual-stream gradients alternate between two buffers as we walk the blocks back.
   const char* slots[2] = {"decoder.dres0", "decoder.dres1"};
   int cur = 0;
   Tensor dx = scratch_.zeros(slots[cur], stream);
-  double loss_sum;
-  {
+  double loss_sum = 0.0;
+  if (heads) {
+    LOOM_CHECK(targets.shape() == ids_.shape(), "targets " + shape_str(targets.shape()) +
+                                                    " do not match ids " + shape_str(ids_.shape()));
     UnitScope u(hooks_, head_unit());
     nn::SequencePartialGrads partial(tp, final_norm_->params());
     Tensor dh = scratch_.zeros("decoder.dh", {B, T, C});  // all rows (the head's input)
@@ -174,17 +243,30 @@ double Decoder::backward(const Tensor& targets, float grad_scale) {
     }
     final_norm_->backward(dh, dx);
     partial.sum_over_sequence();
+    grads_ready(head_unit());
+  } else {
+    LOOM_CHECK(dout.defined() && dout.shape() == stream,
+               "pipeline stage output gradient " + shape_str(dout.shape()) +
+                   " is not the expected " + shape_str(stream));
+    dx.copy_from(dout);
   }
-  grads_ready(head_unit());
-  for (size_t l = blocks_.size(); l-- > 0;) {
+  for (size_t i = chunk_start_[chunk + 1]; i-- > chunk_start_[chunk];) {
+    const int unit = static_cast<int>(layer_of_[i]) + 1;
     Tensor dprev = scratch_.zeros(slots[cur ^ 1], stream);
     {
-      UnitScope u(hooks_, static_cast<int>(l) + 1);
-      blocks_[l]->backward(dx, dprev, scratch_);
+      UnitScope u(hooks_, unit);
+      blocks_[i]->backward(dx, dprev, scratch_);
     }
-    grads_ready(static_cast<int>(l) + 1);
+    grads_ready(unit);
     dx = dprev;
     cur ^= 1;
+  }
+  if (!embeds) {  // the gradient at this chunk's input, for the stage before
+    nn::ensure(dinput_[chunk], stream);
+    dinput_[chunk].copy_from(dx);
+    tied.reset();
+    if (spec_.tied_head && heads) grads_ready(0);
+    return loss_sum;
   }
   {
     UnitScope u(hooks_, 0);
@@ -197,7 +279,7 @@ double Decoder::backward(const Tensor& targets, float grad_scale) {
       pos_embed_->backward(abs_pos_.i32() + first, dx.numel() / C, dx);
       partial.sum_over_sequence();
     }
-    tok_embed_.backward(ids_.i32(), B * T, dx);
+    tok_embed_->backward(ids_.i32(), B * T, dx);
   }
   tied.reset();
   grads_ready(0);
@@ -211,7 +293,7 @@ double Decoder::backward(const Tensor& targets, float grad_scale) {
 KVCache Decoder::new_cache() {
   KVCache c;
   c.capacity = spec_.max_positions;
-  for (int64_t l = 0; l < spec_.layers; ++l) {
+  for (size_t l = 0; l < blocks_.size(); ++l) {
     c.k.push_back(Tensor::zeros({c.capacity, spec_.kv_width}));
     c.v.push_back(Tensor::zeros({c.capacity, spec_.kv_width}));
   }
@@ -221,7 +303,8 @@ KVCache Decoder::new_cache() {
 
 const Tensor& Decoder::forward_cached(const Tensor& ids, KVCache& cache) {
   LOOM_CHECK(ids.ndim() == 2 && ids.dim(0) == 1, "forward_cached: ids must be [1, n]");
-  LOOM_CHECK(!spec_.tp.active(), "generation runs on one process (tensor_parallel.size 1)");
+  LOOM_CHECK(!spec_.tp.active() && first_ && last_,
+             "generation runs on one process (tensor_parallel.size and pipeline_parallel.size 1)");
   const int64_t n = ids.dim(1), past = cache.len;
   LOOM_CHECK(past + n <= cache.capacity,
              "context of " + std::to_string(past + n) + " tokens exceeds the model's " +

@@ -10,6 +10,9 @@
 // branches with their layers), a KV prefix by key/value head as the attention (nn/lora.h,
 // nn/kv_prefix.h); norms, learned positions and bottleneck adapters are replicated.
 // Generation (forward_cached) runs on one rank.
+// Pipeline parallel (spec.stage): the decoder holds only its stage's parameters (models/
+// causal_lm.h, StageRange), under their Hugging Face names; the residual stream [B, T, C]
+// (rows under sequence parallel) is what crosses between stages.
 // Sequence parallel (spec.tp.sequence_parallel): the residual stream between embedding and
 // head is this rank's token rows [N/tp, C] of the [N = B*T, C] tokens (B*T must divide by
 // tp). The embedding reduce-scatters its lookups to those rows (and adds the learned
@@ -49,6 +52,7 @@ struct DecoderSpec {
   float init_std = 0.02f;
   std::vector<float> rope_inv_freq;  // rotary embeddings (D/2 frequencies); empty: none
   nn::TensorParallel tp;
+  StageRange stage;
   // Builders, called in parameter-declaration order: blocks 0..layers-1, then the final norm.
   std::function<std::unique_ptr<nn::DecoderBlock>(nn::ParamStore&, const std::string& name)>
       make_block;
@@ -60,6 +64,18 @@ class Decoder : public CausalLM {
   nn::ParamStore& params() override { return ps_; }
   const Tensor& forward(const Tensor& ids, const Tensor& pos = Tensor()) override;
   double backward(const Tensor& targets, float grad_scale) override;
+  const Tensor& forward_stage(const Tensor& ids, const Tensor& pos, const Tensor& x_in,
+                              int chunk) override;
+  double backward_stage(const Tensor& targets, float grad_scale, const Tensor& dout,
+                        int chunk) override;
+  const Tensor& input_grad(int chunk) const override { return dinput_[chunk]; }
+  Shape stage_io_shape(int64_t B, int64_t T) const override { return stream_shape(B, T); }
+  bool in_other_stage(const std::string& name) const override;
+  nn::Parameter* tied_embedding() const override {
+    return spec_.tied_head && tok_embed_ ? tok_embed_->weight() : nullptr;
+  }
+  bool first_stage() const override { return first_; }
+  bool last_stage() const override { return last_; }
   void loss_sums(const Tensor& targets, double* per_row) override {
     head_->loss_sums(targets, per_row);
   }
@@ -79,9 +95,11 @@ class Decoder : public CausalLM {
   int64_t vocab_first() const { return head_->vocab_first(); }
 
  protected:
-  // Declares every parameter (materialized; values zero until init or load).
-  explicit Decoder(DecoderSpec spec);
+  // Declares every parameter, and lays out their buffers (values zero until init or load)
+  // unless `buffers` says DeclareOnly.
+  Decoder(DecoderSpec spec, ParamBuffers buffers);
   const nn::TensorParallel& tensor_parallel() const { return spec_.tp; }
+  int64_t stage_layers() const { return static_cast<int64_t>(blocks_.size()); }
 
  private:
   // Token rows x [N, C] (N = ids' count) = token table rows (+ position rows at abs_pos).
@@ -98,14 +116,19 @@ class Decoder : public CausalLM {
   void rope_tables(const int32_t* pos, int64_t n, Tensor& cos, Tensor& sin) const;
 
   DecoderSpec spec_;
+  std::vector<std::pair<int64_t, int64_t>> chunks_;  // this rank's layers (spec.stage)
+  bool first_, last_;  // holds the embeddings / the final norm and head
   nn::ParamStore ps_;
-  nn::VocabParallelEmbedding tok_embed_;
-  std::unique_ptr<nn::Embedding> pos_embed_;  // learned positions (GPT-2)
-  std::vector<std::unique_ptr<nn::DecoderBlock>> blocks_;
+  std::unique_ptr<nn::VocabParallelEmbedding> tok_embed_;  // first stage; tied head's copy
+  std::unique_ptr<nn::Embedding> pos_embed_;               // learned positions (GPT-2)
+  std::vector<std::unique_ptr<nn::DecoderBlock>> blocks_;  // the chunks' layers in order
+  std::vector<int64_t> layer_of_;                          // blocks_[i] is layer layer_of_[i]
+  std::vector<size_t> chunk_start_;  // chunk k: blocks_[chunk_start_[k], chunk_start_[k + 1])
   std::unique_ptr<nn::Norm> final_norm_;
   std::unique_ptr<nn::LMHead> head_;
   nn::Scratch scratch_;
   Tensor ids_, x0_;
+  std::vector<Tensor> dinput_;  // per chunk: the gradient at its input (not the model's first)
   Tensor head_in_;              // sequence parallel: the final norm's rows gathered [B, T, C]
   Tensor pos_, abs_pos_;        // position ids [B, T] of the forward; + prefix length
   nn::Positions where_;         // what the blocks see (packed ids, rotary tables)

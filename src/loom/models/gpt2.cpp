@@ -94,7 +94,7 @@ std::unique_ptr<nn::DecoderBlock> gpt2_block(nn::ParamStore& ps, const std::stri
 }
 
 namespace {
-DecoderSpec gpt2_spec(const GPT2Config& c, const nn::TensorParallel& tp) {
+DecoderSpec gpt2_spec(const GPT2Config& c, const nn::TensorParallel& tp, const StageRange& stage) {
   // Checked before any layer is built, so the error names the heads.
   LOOM_CHECK(c.n_head % tp.size() == 0, "n_head " + std::to_string(c.n_head) +
                                             " is not divisible by tensor_parallel.size " +
@@ -104,6 +104,7 @@ DecoderSpec gpt2_spec(const GPT2Config& c, const nn::TensorParallel& tp) {
                                               std::to_string(tp.size()));
   DecoderSpec s;
   s.tp = tp;
+  s.stage = stage;
   s.tok_embed = "transformer.wte";
   s.pos_embed = "transformer.wpe";
   s.block_prefix = "transformer.h.";
@@ -127,8 +128,9 @@ DecoderSpec gpt2_spec(const GPT2Config& c, const nn::TensorParallel& tp) {
 }
 }  // namespace
 
-GPT2::GPT2(const GPT2Config& c, const nn::TensorParallel& tp)
-    : Decoder(gpt2_spec(c, tp)), cfg_(c) {}
+GPT2::GPT2(const GPT2Config& c, const nn::TensorParallel& tp, const StageRange& stage,
+           ParamBuffers buffers)
+    : Decoder(gpt2_spec(c, tp, stage), buffers), cfg_(c) {}
 
 int64_t GPT2::activation_bytes(int64_t B, int64_t T) const {
   const int64_t N = B * T, C = cfg_.n_embd, H = cfg_.hidden();
@@ -140,7 +142,8 @@ int64_t GPT2::activation_bytes(int64_t B, int64_t T) const {
   const int64_t layer =
       N * (6 * C / s + 4 * C / t + 2 * H / t) + B * cfg_.n_head / t * T * (prefix_length() + T);
   const int64_t scratch = N * (5 * C + 4 * C / t + 2 * H / t);
-  return 4 * (cfg_.n_layer * layer + scratch + N * (2 * C + cfg_.vocab_size / t));
+  return 4 * (stage_layers() * layer + scratch +
+              N * (2 * C + (last_stage() ? cfg_.vocab_size / t : 0)));
 }
 
 bool GPT2::hf_transposed(const nn::Parameter& p) const {
@@ -152,7 +155,7 @@ bool GPT2::hf_transposed(const nn::Parameter& p) const {
 bool GPT2::hf_ignorable(const std::string& name) const {
   // The tied head, and the causal-mask buffers older checkpoints carry.
   return name == "lm_head.weight" || name.ends_with(".attn.bias") ||
-         name.ends_with(".attn.masked_bias");
+         name.ends_with(".attn.masked_bias") || in_other_stage(name);
 }
 
 }  // namespace loom::models

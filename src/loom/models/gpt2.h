@@ -36,7 +36,8 @@ std::unique_ptr<nn::DecoderBlock> gpt2_block(nn::ParamStore& ps, const std::stri
 class GPT2 : public Decoder {
  public:
   // tp: the tensor-parallel group the layers split over (none: the whole model here).
-  explicit GPT2(const GPT2Config& c, const nn::TensorParallel& tp = {});
+  explicit GPT2(const GPT2Config& c, const nn::TensorParallel& tp = {},
+                const StageRange& stage = {}, ParamBuffers buffers = ParamBuffers::Allocate);
   std::string arch() const override { return "gpt2"; }
   nlohmann::json hf_config() const override { return cfg_.to_hf(); }
   bool hf_transposed(const nn::Parameter& p) const override;

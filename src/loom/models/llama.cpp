@@ -116,7 +116,8 @@ std::unique_ptr<nn::DecoderBlock> llama_block(nn::ParamStore& ps, const std::str
 }
 
 namespace {
-DecoderSpec llama_spec(const LlamaConfig& c, const nn::TensorParallel& tp) {
+DecoderSpec llama_spec(const LlamaConfig& c, const nn::TensorParallel& tp,
+                       const StageRange& stage) {
   // Checked before any layer is built, so the error names the heads.
   const int64_t t = tp.size(), kv = c.num_key_value_heads;
   LOOM_CHECK(c.num_attention_heads % t == 0,
@@ -131,6 +132,7 @@ DecoderSpec llama_spec(const LlamaConfig& c, const nn::TensorParallel& tp) {
                  " is not divisible by tensor_parallel.size " + std::to_string(t));
   DecoderSpec s;
   s.tp = tp;
+  s.stage = stage;
   s.tok_embed = "model.embed_tokens";
   s.block_prefix = "model.layers.";
   s.final_norm = "model.norm";
@@ -154,8 +156,9 @@ DecoderSpec llama_spec(const LlamaConfig& c, const nn::TensorParallel& tp) {
 }
 }  // namespace
 
-Llama::Llama(const LlamaConfig& c, const nn::TensorParallel& tp)
-    : Decoder(llama_spec(c, tp)), cfg_(c) {}
+Llama::Llama(const LlamaConfig& c, const nn::TensorParallel& tp, const StageRange& stage,
+             ParamBuffers buffers)
+    : Decoder(llama_spec(c, tp, stage), buffers), cfg_(c) {}
 
 int64_t Llama::activation_bytes(int64_t B, int64_t T) const {
   const int64_t N = B * (T + prefix_length()), C = cfg_.hidden_size, I = cfg_.intermediate_size;
@@ -169,12 +172,14 @@ int64_t Llama::activation_bytes(int64_t B, int64_t T) const {
   const int64_t layer = N * (6 * C / s + 2 * qd + 2 * kvd + 3 * I / t) +
                         B * cfg_.num_attention_heads / t * T * (prefix_length() + T);
   const int64_t scratch = N * (5 * C + 3 * I / t + 2 * qd + 2 * kvd);
-  return 4 * (cfg_.num_hidden_layers * layer + scratch + N * (2 * C + cfg_.vocab_size / t));
+  return 4 * (stage_layers() * layer + scratch +
+              N * (2 * C + (last_stage() ? cfg_.vocab_size / t : 0)));
 }
 
 bool Llama::hf_ignorable(const std::string& name) const {
   // Tied checkpoints may still carry lm_head.weight; older ones carry rotary buffers.
-  return (tied_head() && name == "lm_head.weight") || name.ends_with("rotary_emb.inv_freq");
+  return (tied_head() && name == "lm_head.weight") || name.ends_with("rotary_emb.inv_freq") ||
+         in_other_stage(name);
 }
 
 }  // namespace loom::models

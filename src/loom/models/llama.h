@@ -42,7 +42,8 @@ std::unique_ptr<nn::DecoderBlock> llama_block(nn::ParamStore& ps, const std::str
 class Llama : public Decoder {
  public:
   // tp: the tensor-parallel group the layers split over (none: the whole model here).
-  explicit Llama(const LlamaConfig& c, const nn::TensorParallel& tp = {});
+  explicit Llama(const LlamaConfig& c, const nn::TensorParallel& tp = {},
+                 const StageRange& stage = {}, ParamBuffers buffers = ParamBuffers::Allocate);
   std::string arch() const override { return cfg_.model_type; }
   nlohmann::json hf_config() const override { return cfg_.to_hf(); }
   bool hf_transposed(const nn::Parameter&) const override { return false; }

@@ -189,6 +189,28 @@ void ParamStore::zero_grads() {
   if (grads_.defined()) kernels::zero(grads_.f32(), grads_.numel());
 }
 
+void ParamStore::share_from(const ParamStore& owner) {
+  LOOM_CHECK(params_.size() == owner.params_.size(),
+             "internal: an activation context declares " + std::to_string(params_.size()) +
+                 " parameters, its stage " + std::to_string(owner.params_.size()));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = *params_[i];
+    const Parameter& o = *owner.params_[i];
+    LOOM_CHECK(p.name == o.name && p.shape == o.shape,
+               "internal: activation context parameter " + p.name + " " + shape_str(p.shape) +
+                   " is not its stage's " + o.name + " " + shape_str(o.shape));
+    p.trainable = o.trainable;
+    p.stage_copy = o.stage_copy;
+    p.offset = o.offset;
+    p.grad_offset = o.grad_offset;
+    p.value = o.value;
+    p.grad = o.grad;
+    p.quant = o.quant;
+  }
+  values_ = owner.values_;
+  grads_ = owner.grads_;
+}
+
 Parameter* ParamStore::find(const std::string& name) const {
   for (auto& p : params_)
     if (p->name == name) return p.get();

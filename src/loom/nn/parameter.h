@@ -46,6 +46,9 @@ struct Parameter {
   ShardSpec shard;
   bool trainable = true;
   bool adapter = false;  // declared by a PEFT method, not part of the base model
+  // The last pipeline stage's copy of a tied embedding (the head's weight): the first stage
+  // holds the copy that counts (gradient norms, checkpoints); both are updated alike.
+  bool stage_copy = false;
   ParamKind kind = ParamKind::Weight;
   float init_std = 0.0f;  // normal(0, init_std); 0 with init_value: constant fill
   float init_value = 0.0f;
@@ -101,6 +104,11 @@ class ParamStore {
   // tensor) so the result does not depend on layout or order.
   void init(uint64_t seed);
   void zero_grads();
+  // An activation context of a pipeline stage (parallel/pipeline_engine.h) is a second copy
+  // of the stage's modules over the same parameters: every parameter here, declared alike,
+  // takes `owner`'s value, gradient and quantized blocks (views of the same storage), and
+  // this store's own buffers are freed. Call after `owner` is laid out for training.
+  void share_from(const ParamStore& owner);
 
   bool materialized() const { return values_.defined(); }
   const std::vector<std::unique_ptr<Parameter>>& all() const { return params_; }

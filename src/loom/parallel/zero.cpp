@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "loom/kernels/cpu/elementwise.h"
 #include "loom/optim/clip.h"
@@ -43,19 +44,22 @@ ZeroMemory ZeroPartition::memory(int stage, int64_t frozen_bytes) const {
   }
   std::sort(padded.rbegin(), padded.rend());
   padded.resize(std::max<size_t>(padded.size(), 3), 0);
-  const int64_t largest_padded = padded[0], top3 = padded[0] + padded[1] + padded[2];
+  const int64_t all_padded = std::accumulate(padded.begin(), padded.end(), int64_t{0}),
+                top3 = padded[0] + padded[1] + padded[2];
   const int64_t f = sizeof(float);
   ZeroMemory m;
   m.params = frozen_bytes + f * (stage >= 3 ? shard_len : total);
   m.grads = f * (stage >= 2 ? shard_len : total);
   m.optimizer = 2 * f * (stage >= 1 ? shard_len : total);
   // Buffers the engine allocates around the collectives (at most): stage 1 receives the
-  // reduce-scattered shard and stages one padded unit; stages 2 and 3 hold the gradients of
+  // reduce-scattered shard and stages every padded unit (the last backward starts each unit's
+  // reduce-scatter as soon as it is complete, and nothing bounds how many are in flight; a
+  // pipeline stage's reduce_grads starts all at once); stages 2 and 3 hold the gradients of
   // up to three units (one being computed, kInflight = 2 being reduced; a tied embedding's
   // lives through the backward) and their received pieces; stage 3 also holds the gathered
   // parameters of up to three units (the current one, the prefetched next one, a tied
   // embedding held from lookup to head). Bounded with the three largest units.
-  if (stage == 1) m.buffers = f * (shard_len + largest_padded);
+  if (stage == 1) m.buffers = f * (shard_len + all_padded);
   if (stage >= 2) m.buffers = f * (top3 + top3 / world);
   if (stage >= 3) m.buffers += f * top3;
   return m;
@@ -69,12 +73,13 @@ constexpr size_t kInflight = 2;  // stage 2/3: unit gradients waiting for their 
 }
 
 struct ZeroEngine::Unit {
-  std::vector<nn::Parameter*> params;  // trainable ones, in flat order
-  int64_t start = 0, len = 0;          // flat range
-  Tensor grad;                         // stage >= 2: this backward's gradient, padded
-  Tensor value;                        // stage 3: gathered parameters, padded
-  dist::Request gather;                // stage 3: a prefetch in flight into `value`
-  int refs = 0;                        // stage 3: acquire() minus release()
+  std::vector<nn::Parameter*> params;               // trainable ones, in flat order
+  std::vector<std::vector<nn::Parameter*>> copies;  // the same, of each add_context()
+  int64_t start = 0, len = 0;                       // flat range
+  Tensor grad;                                      // stage >= 2: this backward's gradient, padded
+  Tensor value;                                     // stage 3: gathered parameters, padded
+  dist::Request gather;                             // stage 3: a prefetch in flight into `value`
+  int refs = 0;                                     // stage 3: acquire() minus release()
 };
 
 // A reduction in flight: which units, and the buffers it reads from and writes to.
@@ -173,15 +178,41 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
   model_.set_unit_hooks(this);
 }
 
-ZeroEngine::~ZeroEngine() { model_.set_unit_hooks(nullptr); }
+ZeroEngine::~ZeroEngine() {
+  model_.set_unit_hooks(nullptr);
+  for (models::CausalLM* c : contexts_) c->set_unit_hooks(nullptr);
+}
+
+void ZeroEngine::add_context(models::CausalLM& ctx) {
+  // The views as the engine left them (dropped values and gradients at stages 3 and 2).
+  ctx.params().share_from(model_.params());
+  std::vector<std::vector<nn::Parameter*>> groups = ctx.units();
+  LOOM_CHECK(groups.size() == units_.size(), "internal: an activation context's units differ");
+  for (size_t u = 0; u < units_.size(); ++u) {
+    std::vector<nn::Parameter*> copy;
+    for (nn::Parameter* p : groups[u])
+      if (p->trainable) copy.push_back(p);
+    std::sort(copy.begin(), copy.end(),
+              [](auto* a, auto* b) { return a->grad_offset < b->grad_offset; });
+    LOOM_CHECK(copy.size() == units_[u].params.size(),
+               "internal: an activation context's unit " + std::to_string(u) + " differs");
+    units_[u].copies.push_back(std::move(copy));
+  }
+  contexts_.push_back(&ctx);
+  ctx.set_unit_hooks(this);
+}
 
 void ZeroEngine::point(Unit& u, Tensor nn::Parameter::*field, const Tensor& buf) {
-  int64_t off = 0;
-  for (nn::Parameter* p : u.params) {
-    const int64_t n = shape_numel(p->shape);
-    p->*field = buf.defined() ? buf.slice0(off, off + n).reshape(p->shape) : Tensor();
-    off += n;
-  }
+  auto set = [&](const std::vector<nn::Parameter*>& params) {
+    int64_t off = 0;
+    for (nn::Parameter* p : params) {
+      const int64_t n = shape_numel(p->shape);
+      p->*field = buf.defined() ? buf.slice0(off, off + n).reshape(p->shape) : Tensor();
+      off += n;
+    }
+  };
+  set(u.params);
+  for (const auto& copy : u.copies) set(copy);
 }
 
 float* ZeroEngine::owned_value(const OwnedRun& r) {
@@ -206,21 +237,72 @@ void ZeroEngine::end_backward() {
   if (cfg_.stage >= 2 || last_micro_) wait_all();
 }
 
+void ZeroEngine::reduce_grads() {
+  if (cfg_.stage <= 1) {
+    last_micro_ = true;
+    const int L = model_.num_layers(), n = static_cast<int>(units_.size());
+    for (int u = L + 1; u >= 0; --u) grads_ready(u);  // the order backward completes them
+    for (int u = L + 2; u < n; ++u) grads_ready(u);
+  }
+  wait_all();
+}
+
+std::pair<int, int64_t> ZeroEngine::unit_of(const nn::Parameter& p) const {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const int64_t at = static_cast<int64_t>(p.grad_offset) - units_[u].start;
+    if (p.trainable && at >= 0 && at < units_[u].len) return {static_cast<int>(u), at};
+  }
+  throw Error("internal: " + p.name + " is not a trainable parameter of the engine's model");
+}
+
+Tensor ZeroEngine::reduced_grad(const nn::Parameter& p) {
+  if (cfg_.stage == 0) return p.grad;
+  const auto [u, p0] = unit_of(p);
+  const int64_t c = part_.piece[u], lo = part_.piece_begin(u), hi = part_.piece_end(u);
+  Tensor unit = Tensor::zeros({c * part_.world});
+  if (hi > lo)
+    std::memcpy(unit.f32() + lo, shard_grads_.f32() + part_.shard_offset[u],
+                (hi - lo) * sizeof(float));
+  {
+    prof::ScopedPhase ph(prof::Phase::Comm);
+    comm_.all_gather(unit.f32() + lo, unit.f32(), c);
+  }
+  return unit.slice0(p0, p0 + shape_numel(p.shape)).reshape(p.shape);
+}
+
+void ZeroEngine::add_to_reduced_grad(const nn::Parameter& p, const Tensor& extra) {
+  LOOM_CHECK(extra.shape() == p.shape, "internal: a gradient of " + shape_str(extra.shape()) +
+                                           " added to " + p.name + " " + shape_str(p.shape));
+  if (cfg_.stage == 0) {
+    kernels::add_inplace(p.grad.f32(), extra.f32(), extra.numel());
+    return;
+  }
+  // My piece [lo, hi) of the unit, where p covers [p0, p0 + n).
+  const auto [u, p0] = unit_of(p);
+  const int64_t n = shape_numel(p.shape);
+  const int64_t a = std::max(part_.piece_begin(u), p0), b = std::min(part_.piece_end(u), p0 + n);
+  if (a < b)
+    kernels::add_inplace(shard_grads_.f32() + part_.shard_offset[u] + (a - part_.piece_begin(u)),
+                         extra.f32() + (a - p0), b - a);
+}
+
 double ZeroEngine::grad_sq_norm() {
   double s = 0.0;
-  if (!tp_.active()) {
+  const bool stage_copy = std::any_of(owned_.begin(), owned_.end(),
+                                      [](const OwnedRun& r) { return r.param->stage_copy; });
+  if (!tp_.active() && !stage_copy) {
     s = optim::sum_of_squares(cfg_.stage == 0 ? model_.params().flat_grads() : shard_grads_);
   } else {
     // Each tp rank holds different shards: sum them over the group, each replicated
     // parameter (norms, row-parallel biases, replicated key/value slices) counted once.
     for (const OwnedRun& r : owned_) {
-      if (!nn::primary_copy(*r.param, tp_.rank())) continue;
+      if (!nn::primary_copy(*r.param, tp_.rank()) || r.param->stage_copy) continue;
       const int64_t at =
           cfg_.stage == 0 ? static_cast<int64_t>(r.param->grad_offset) + r.begin : r.state_offset;
       const Tensor& g = cfg_.stage == 0 ? model_.params().flat_grads() : shard_grads_;
       s += optim::sum_of_squares(g.slice0(at, at + (r.end - r.begin)));
     }
-    tp_.comm->all_reduce_sum(&s, 1);
+    if (tp_.active()) tp_.comm->all_reduce_sum(&s, 1);
   }
   if (cfg_.stage > 0) comm_.all_reduce_sum(&s, 1);  // padding elements are zero
   return s;

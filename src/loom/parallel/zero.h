@@ -63,13 +63,29 @@ class ZeroEngine : public models::UnitHooks {
   ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const ZeroConfig& cfg,
              const optim::AdamWConfig& adamw, const nn::TensorParallel& tp = {});
   ~ZeroEngine() override;
+  // A pipeline stage's further activation context (parallel/pipeline_stage.h): a copy of the
+  // model's modules over its parameters. It shares the views the engine sets (the stage's
+  // layout, gathered values at stage 3, unit gradients at stages 2 and 3) and reports to
+  // the engine as the model does.
+  void add_context(models::CausalLM& ctx);
 
   // The step path, in order (Trainer::step):
   void zero_grads();
   void begin_micro_batch(bool last);  // `last`: the step's gradients are reduced after it
   void begin_backward();
-  void end_backward();    // after the last micro-batch: every reduction finished
-  double grad_sq_norm();  // of the step's summed gradients, over all ranks (dp and tp)
+  void end_backward();  // after the last micro-batch: every reduction finished
+  // After a pipeline stage's schedule (every micro-batch marked not last): at stages 0 and 1
+  // reduces every unit's accumulated gradients now, as the hooks would have during the last
+  // backward; at stages 2 and 3 the reductions ran during each backward. Waits for them.
+  void reduce_grads();
+  // After the reduction: p's summed gradient as a whole tensor (p's local shape) on every
+  // dp rank (stage 0: p's own; stages 1-3: the pieces all-gathered, a collective over dp),
+  // and `extra` (p's shape) added to p's summed gradient where this rank holds it.
+  Tensor reduced_grad(const nn::Parameter& p);
+  void add_to_reduced_grad(const nn::Parameter& p, const Tensor& extra);
+  // Of the step's summed gradients, over all ranks (dp and tp; a pipeline stage's own
+  // parameters, its copy of a tied embedding not counted: the caller sums over stages).
+  double grad_sq_norm();
   void optimizer_step(float lr, float clip_coef);  // the rank's shard, then parameter sync
 
   // Full parameter values on `root` for the caller's scope (saving a checkpoint); the other
@@ -114,7 +130,11 @@ class ZeroEngine : public models::UnitHooks {
   void drop_prefetches();  // gathered units nobody holds
   void sync_params();      // stage 1/2: all-gather the updated pieces
 
+  // The unit holding trainable p, and p's first element in it.
+  std::pair<int, int64_t> unit_of(const nn::Parameter& p) const;
+
   models::CausalLM& model_;
+  std::vector<models::CausalLM*> contexts_;  // add_context()
   dist::Communicator& comm_;
   ZeroConfig cfg_;
   nn::TensorParallel tp_;

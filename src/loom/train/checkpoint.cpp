@@ -40,31 +40,28 @@ std::pair<int64_t, int64_t> parse_range(const std::string& s, const std::string&
 void save_train_checkpoint(const fs::path& dir, const TrainerState& st,
                            parallel::ZeroEngine& engine, dist::ProcessMesh& mesh,
                            const nn::TensorParallel& tp,
-                           const std::function<void(const fs::path&)>& write_model) {
+                           const std::function<void(const fs::path&)>& write_stage,
+                           const std::function<void(const fs::path&)>& finish_model) {
   dist::Communicator& world = mesh.world();
   const fs::path tmp = dir.string() + ".tmp";
-  engine.gather_all(0);  // collective at stage 3: the full model on dp rank 0 only
+  if (world.rank() == 0) {
+    fs::remove_all(tmp);
+    fs::create_directories(tmp / "optimizer");
+  }
+  world.barrier();
+  engine.gather_all(0);  // collective at stage 3: the stage's full model on dp rank 0 only
   if (mesh.dp_rank() == 0) {
     nn::FullTensors full(engine.model().params(), tp);  // ... and its shards on tp rank 0
-    if (world.rank() == 0) {
-      fs::remove_all(tmp);
+    if (mesh.tp_rank() == 0) {
       try {
-        write_model(tmp);  // creates tmp (atomically itself)
+        write_stage(tmp);
       } catch (...) {
         engine.release_all();
         throw;
       }
-      fs::create_directories(tmp / "optimizer");
-      io::write_json_file(tmp / "trainer_state.json",
-                          json{{"step", st.step},
-                               {"train_batch_size", st.train_batch},
-                               {"world_size", st.world_size},
-                               {"zero_stage", st.zero_stage},
-                               {"tensor_parallel_size", st.tensor_parallel}});
     }
   }
   engine.release_all();
-  world.barrier();
   // Each element once: replicated moments (stage 0) from dp rank 0, ZeRO pieces from their
   // owners; of a slice held by several tp ranks, the primary copy's.
   const optim::AdamW& opt = engine.optimizer();
@@ -72,7 +69,7 @@ void save_train_checkpoint(const fs::path& dir, const TrainerState& st,
   std::map<std::string, std::string> meta;
   if (engine.stage() > 0 || mesh.dp_rank() == 0) {
     for (const auto& r : engine.owned_runs()) {
-      if (!nn::primary_copy(*r.param, mesh.tp_rank())) continue;
+      if (!nn::primary_copy(*r.param, mesh.tp_rank()) || r.param->stage_copy) continue;
       nn::for_full_runs(*r.param, r.begin, r.end, [&](int64_t local, int64_t full, int64_t n) {
         const std::string range = std::to_string(full) + ":" + std::to_string(full + n);
         const int64_t at = r.state_offset + (local - r.begin);
@@ -93,6 +90,14 @@ void save_train_checkpoint(const fs::path& dir, const TrainerState& st,
   io::write_safetensors(shard_file(tmp, world.rank()), tensors, meta);
   world.barrier();
   if (world.rank() == 0) {
+    finish_model(tmp);
+    io::write_json_file(tmp / "trainer_state.json",
+                        json{{"step", st.step},
+                             {"train_batch_size", st.train_batch},
+                             {"world_size", st.world_size},
+                             {"zero_stage", st.zero_stage},
+                             {"tensor_parallel_size", st.tensor_parallel},
+                             {"pipeline_parallel_size", st.pipeline_parallel}});
     if (fs::exists(dir)) fs::remove_all(dir);
     fs::rename(tmp, dir);
   }
@@ -115,6 +120,8 @@ TrainerState read_trainer_state(const fs::path& dir) {
   st.zero_stage = static_cast<int>(get("zero_stage"));
   if (j.contains("tensor_parallel_size"))
     st.tensor_parallel = static_cast<int>(get("tensor_parallel_size"));
+  if (j.contains("pipeline_parallel_size"))
+    st.pipeline_parallel = static_cast<int>(get("pipeline_parallel_size"));
   return st;
 }
 

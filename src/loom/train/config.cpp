@@ -182,7 +182,8 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
              "checkpoint_interval",
              "resume_from",
              "tensor_parallel",
-             "pipeline_parallel"});
+             "pipeline_parallel",
+             "trace"});
   TrainConfig c;
   c.raw = j;
   LOOM_CHECK(j.contains("model"), where + ": config key 'model' is required");
@@ -323,6 +324,8 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
   c.steps_per_print = r.integer(j, "steps_per_print", 10, 1);
   c.eval_interval = r.integer(j, "eval_interval", 0, 0);
   c.wall_clock_breakdown = r.boolean(j, "wall_clock_breakdown", false);
+  if (r.boolean(j, "trace", false))
+    c.trace_path = (std::filesystem::path(c.output_dir) / "trace.json").string();
 
   if (j.contains("optimizer")) {
     Reader ro{where, "optimizer."};

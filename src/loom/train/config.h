@@ -2,8 +2,8 @@
 // (train_micro_batch_size_per_gpu, gradient_accumulation_steps, train_batch_size,
 // optimizer{type,params}, scheduler{type,params}, gradient_clipping, steps_per_print,
 // wall_clock_breakdown) plus loom's own (model, data, train_steps, seed, output_dir,
-// no_decay, peft). Unknown keys, wrong types and inconsistent batch sizes are errors naming
-// the key.
+// no_decay, peft, trace, ...). Unknown keys, wrong types and inconsistent batch sizes are errors
+// naming the key.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +51,9 @@ struct TrainConfig {
   int64_t steps_per_print = 10;
   int64_t eval_interval = 0;  // steps between validation passes (0: only at the end)
   bool wall_clock_breakdown = false;
+  // The schedule trace's file (dist/job_trace.h); empty: off. "trace": true in the config
+  // means output_dir/trace.json; `loom train --trace FILE` sets it directly.
+  std::string trace_path;
   parallel::ZeroConfig zero;          // zero_optimization: stage, reduce_bucket_size
   int tensor_parallel = 1;            // tensor_parallel.size
   bool sequence_parallel = false;     // tensor_parallel.sequence_parallel

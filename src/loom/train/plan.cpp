@@ -3,14 +3,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <memory>
 
 #include "loom/io/gguf.h"
 #include "loom/io/hf_checkpoint.h"
 #include "loom/io/model_loader.h"
 #include "loom/io/peft_adapter.h"
-#include "loom/models/decoder.h"
 #include "loom/models/registry.h"
 #include "loom/parallel/pipeline.h"
+#include "loom/parallel/pipeline_schedule.h"
 #include "loom/train/trainer.h"
 #include "loom/util/error.h"
 #include "loom/util/path.h"
@@ -19,136 +20,483 @@ namespace loom::train {
 
 namespace fs = std::filesystem;
 
-std::string plan_report(const TrainConfig& cfg_in, int world) {
-  TrainConfig cfg = cfg_in;
-  if (!cfg.peft_from.empty()) cfg.peft = io::read_adapter_config(expand_user(cfg.peft_from)).config;
-  // The model from its config alone, and the bytes a quantized GGUF base keeps per weight.
-  // Tensor parallel: the shapes of tp rank 0's shards (every rank's are the same, up to a
-  // padded vocabulary's last rows).
-  const nn::TensorParallel tp{nullptr, cfg.sequence_parallel, cfg.tensor_parallel, 0};
-  std::unique_ptr<models::CausalLM> model;
-  std::map<std::string, int64_t> quant_bytes;  // HF name -> bytes kept in ggml blocks
-  const std::string path = model_path(cfg.model);
-  if (path.empty()) {
-    io::LoadOptions opt;
-    opt.tp = tp;
-    model = build_model(cfg.model, cfg.seed, "config", opt);
-  } else {
-    const fs::path p = expand_user(path);
-    LOOM_CHECK(!io::is_adapter_folder(p),
-               p.string() +
+namespace {
+
+// The model a config names, declared (never allocated) at any tensor-parallel size and
+// pipeline stage, and the bytes a kept-quantized GGUF base holds per weight.
+class ModelSource {
+ public:
+  explicit ModelSource(const TrainConfig& cfg) : peft_(cfg.peft) {
+    if (!cfg.peft_from.empty()) peft_ = io::read_adapter_config(expand_user(cfg.peft_from)).config;
+    const std::string path = model_path(cfg.model);
+    where_ = path.empty() ? "config (model)" : expand_user(path).string();
+    LOOM_CHECK(path.empty() || !io::is_adapter_folder(expand_user(path)),
+               where_ +
                    ": plan needs the base model (an adapter folder goes in "
                    "peft.from_pretrained)");
-    if (io::is_gguf(p)) {
-      io::GgufFile f = io::GgufFile::open(p);
-      model = models::make_model(io::gguf_hf_config(f), p.string(), tp);
-      bool keep = cfg.peft.enabled();
-      if (cfg.model.is_object() && cfg.model.contains("keep_quantized"))
-        keep = cfg.model["keep_quantized"].get<bool>();
-      for (const auto& t : f.tensors())
-        if (keep && t.ne.size() == 2 && t.type != io::GgmlType::F32)
-          quant_bytes[io::gguf_to_hf_name(t.name)] = static_cast<int64_t>(t.nbytes);
-    } else {
-      model = models::make_model(io::read_json_file(p / "config.json"),
-                                 (p / "config.json").string(), tp);
+    hf_ = model_hf_config(cfg.model, "config");
+    if (path.empty() || !io::is_gguf(expand_user(path))) return;
+    // As the trainer loads it: with PEFT the frozen base stays in its blocks unless
+    // model.keep_quantized says otherwise.
+    bool keep = peft_.enabled();
+    if (cfg.model.is_object() && cfg.model.contains("keep_quantized"))
+      keep = cfg.model["keep_quantized"].get<bool>();
+    if (!keep) return;
+    io::GgufFile f = io::GgufFile::open(expand_user(path));
+    for (const auto& t : f.tensors())
+      if (t.ne.size() == 2 && t.type != io::GgmlType::F32)
+        quant_bytes_[io::gguf_to_hf_name(t.name)] = static_cast<int64_t>(t.nbytes);
+  }
+
+  // tp rank 0's shards of the layers in `stage`; PEFT attached unless with_peft is false.
+  std::unique_ptr<models::CausalLM> make(int tp, bool sp, const models::StageRange& stage,
+                                         bool with_peft = true) const {
+    const nn::TensorParallel layout{nullptr, sp, tp, 0};
+    auto m = models::make_model(hf_, where_, layout, stage, models::ParamBuffers::DeclareOnly);
+    if (with_peft) models::declare_peft(*m, peft_);
+    return m;
+  }
+
+  // A frozen weight the trainer keeps in ggml blocks (not one trained in full).
+  bool held_quantized(const nn::Parameter& p) const {
+    if (p.trainable || !quant_bytes_.count(p.name)) return false;
+    const std::string module = p.name.substr(0, p.name.rfind('.'));
+    return !std::any_of(peft_.modules_to_save.begin(), peft_.modules_to_save.end(),
+                        [&](const std::string& m) { return models::peft_name_matches(module, m); });
+  }
+  // Bytes this rank holds of a frozen parameter: its share of the blocks, or f32.
+  int64_t frozen_bytes(const nn::Parameter& p) const {
+    if (!held_quantized(p)) return 4 * shape_numel(p.shape);
+    return quant_bytes_.at(p.name) * shape_numel(p.shape) / shape_numel(p.full_shape);
+  }
+
+  int64_t hidden() const { return hf_.value("n_embd", hf_.value("hidden_size", int64_t{0})); }
+  const models::PeftConfig& peft() const { return peft_; }
+
+ private:
+  models::PeftConfig peft_;
+  nlohmann::json hf_;
+  std::string where_;
+  std::map<std::string, int64_t> quant_bytes_;  // HF name -> bytes of the whole weight's blocks
+};
+
+// What one pipeline rank (the whole model when pp = 1) holds at a tp size, whatever the ZeRO
+// stage and micro-batch: its model chunks (one, or v interleaved) as one stage model.
+struct StageShape {
+  std::string layers;  // "0-5", interleaved "0-1, 8-9"
+  int64_t n_layers = 0;
+  std::vector<int64_t> unit_lens;  // trainable elements per unit (what ZeRO partitions)
+  int64_t frozen_bytes = 0, trainable = 0;
+  bool first = false, last = false;  // holds the embedding / the head
+  int boundaries = 0;                // chunk edges a micro-batch crosses to another rank
+  // Per token, forward + backward: matmul FLOPs through f32 and through kept-quantized
+  // weights; the query width of every layer (attention costs 12 x T x width per token).
+  double f32_flops = 0, quant_flops = 0, attention_width = 0;
+  std::unique_ptr<models::CausalLM> model;
+};
+
+std::vector<StageShape> stage_shapes(const ModelSource& src, int tp, bool sp,
+                                     const parallel::PipelineConfig& pc) {
+  // The cut the trainer makes (Trainer::pipeline_stage_range): from the whole base model;
+  // rank r holds chunks r, r + p, r + 2p, ...
+  std::vector<int64_t> counts;
+  if (pc.size > 1) counts = parallel::partition_model(pc, *src.make(1, false, {}, false), "config");
+  std::vector<StageShape> out(pc.size);
+  for (int r = 0; r < pc.size; ++r) {
+    StageShape& s = out[r];
+    models::StageRange range;
+    int64_t at = 0;
+    const int k = static_cast<int>(counts.size());
+    for (int c = 0; c < k; ++c) {
+      if (c % pc.size == r) {
+        range.chunks.emplace_back(at, at + counts[c]);
+        s.layers += (s.layers.empty() ? "" : ", ") + std::to_string(at) + "-" +
+                    std::to_string(at + counts[c] - 1);
+        s.boundaries += (c > 0) + (c + 1 < k);
+      }
+      at += counts[c];
+    }
+    s.model = src.make(tp, sp, range);
+    const models::CausalLM& m = *s.model;
+    if (range.chunks.empty()) s.layers = "0-" + std::to_string(m.num_layers() - 1);
+    for (const auto& [a, b] : range.chunks) s.n_layers += b - a;
+    if (range.chunks.empty()) s.n_layers = m.num_layers();
+    s.first = m.first_stage();
+    s.last = m.last_stage();
+    for (const auto& unit : s.model->units()) {
+      int64_t len = 0;
+      for (const nn::Parameter* p : unit)
+        if (p->trainable) len += shape_numel(p->shape);
+      s.unit_lens.push_back(len);
+      s.trainable += len;
+    }
+    // A tied head reads the token table on the stage that holds the head.
+    const nn::Parameter* head = m.last_stage() ? m.tied_embedding() : nullptr;
+    const int prefix_unit = m.num_layers() + 2;
+    for (const auto& p : s.model->params().all()) {
+      if (!p->trainable) s.frozen_bytes += src.frozen_bytes(*p);
+      // A KV prefix runs once per step, not per token.
+      const bool matmul = (p->kind == nn::ParamKind::Weight && p->shape.size() == 2 &&
+                           m.unit_of(p->name) != prefix_unit) ||
+                          p.get() == head;
+      if (!matmul) continue;
+      // Per token: forward 2n, the input's gradient 2n, the weight's gradient 2n if trained.
+      const double e = static_cast<double>(shape_numel(p->shape));
+      if (src.held_quantized(*p))
+        s.quant_flops += 4 * e;
+      else
+        s.f32_flops += (p->trainable ? 6 : 4) * e;
+    }
+    s.attention_width = static_cast<double>(s.n_layers) * src.hidden() / tp;
+  }
+  return out;
+}
+
+// Micro-batches whose activations rank r holds at once (each in its own context, all the
+// rank's chunks of it): the schedule's own count (parallel/pipeline_schedule.h).
+int in_flight(const Layout& l, int r) {
+  if (l.pp == 1) return 1;
+  return parallel::max_in_flight(
+      parallel::stage_schedule(l.schedule, l.pp, r, static_cast<int>(l.accum), l.virtual_stages));
+}
+
+LayoutPlan evaluate(const std::vector<StageShape>& shapes, const Layout& l, int world, int64_t seq,
+                    int64_t hidden) {
+  const Calibration& cal = calibration();
+  LayoutPlan out;
+  out.layout = l;
+  StepWork w;
+  w.world = world;
+  w.pp = l.pp;
+  w.virtual_stages = l.virtual_stages;
+  w.micro_batches = l.accum;
+  const double tokens = static_cast<double>(l.micro * seq);
+  const double bsh = tokens * static_cast<double>(hidden);
+  for (size_t r = 0; r < shapes.size(); ++r) {
+    const StageShape& s = shapes[r];
+    StagePlan st;
+    st.layers = s.layers;
+    st.n_layers = s.n_layers;
+    const parallel::ZeroPartition part = parallel::ZeroPartition::make(s.unit_lens, l.dp, 0);
+    st.state = part.memory(l.zero, s.frozen_bytes);
+    st.activation_bytes = s.model->activation_bytes(l.micro, seq);
+    st.in_flight = in_flight(l, static_cast<int>(r));
+    // OpenMPI 4.1's non-blocking reductions hold temporaries the engine does not see
+    // (measured as peak RSS beyond the engine's buffers, GPT-2 124M): the stage-0 all-reduce
+    // one as large as its bucket (468 MiB at dp2 and at dp4 for a 475 MiB gradient); past 2
+    // ranks a reduce-scatter about twice its unit (ZeRO-2 at dp4: 362 MiB, the largest unit
+    // 151 MiB; none at dp2); and at ZeRO-1 a pipeline stage starts every unit's at once
+    // (ZeroEngine::reduce_grads: 275 MiB for a stage's 255 MiB of units at pp4 x dp2).
+    if (l.dp > 1) {
+      int64_t padded = 0, largest = 0;
+      for (int64_t c : part.piece) {
+        padded += 4 * c * l.dp;
+        largest = std::max(largest, 4 * c * l.dp);
+      }
+      if (l.zero == 0) st.mpi_bytes = 4 * std::min(s.trainable, l.reduce_bucket);
+      if (l.zero == 1 && l.pp > 1) st.mpi_bytes = padded;
+      if (l.zero == 2 && l.dp > 2) st.mpi_bytes = 2 * largest;
+    }
+    st.peak_bytes = cal.process_bytes + st.state.model_state() + st.state.buffers + st.mpi_bytes +
+                    st.in_flight * st.activation_bytes;
+    out.peak_bytes = std::max(out.peak_bytes, st.peak_bytes);
+    out.stages.push_back(st);
+
+    StageWork sw;
+    sw.f32_flops = tokens * (s.f32_flops + 12.0 * static_cast<double>(seq) * s.attention_width);
+    sw.quant_flops = tokens * s.quant_flops;
+    // Megatron's 4 all-reduces of b*s*h per layer (or as many bytes in all-gathers and
+    // reduce-scatters under sequence parallel), and one each for the embedding and the head.
+    const double tp_calls = 4.0 * static_cast<double>(s.n_layers) + s.first + s.last;
+    if (l.tp > 1 && l.sequence_parallel) {
+      sw.tp.all_gather = sw.tp.reduce_scatter = tp_calls * ring_bytes(bsh, l.tp);
+      sw.tp.calls = 2 * tp_calls;
+    } else if (l.tp > 1) {
+      sw.tp.all_reduce = tp_calls * all_reduce_bytes(bsh, l.tp);
+      sw.tp.calls = tp_calls;
+    }
+    // The activation forward and its gradient back, across each edge to another stage.
+    sw.p2p.p2p = s.boundaries * 4.0 * bsh / (l.sequence_parallel ? l.tp : 1);
+    sw.p2p.calls = s.boundaries;
+    w.stages.push_back(sw);
+    const int units = static_cast<int>(
+        std::count_if(s.unit_lens.begin(), s.unit_lens.end(), [](int64_t n) { return n > 0; }));
+    const Traffic dp = zero_traffic(l.zero, static_cast<double>(s.trainable), units,
+                                    static_cast<double>(l.reduce_bucket), l.dp, l.accum);
+    if (seconds(dp, cal, world) >= seconds(w.dp, cal, world)) w.dp = dp;
+    w.adamw_elements =
+        std::max(w.adamw_elements, static_cast<double>(l.zero >= 1 ? part.shard_len : s.trainable));
+  }
+  out.time = estimate_step(w, cal);
+  return out;
+}
+
+Layout config_layout(const TrainConfig& cfg) {
+  Layout l;
+  l.dp = cfg.data_parallel;
+  l.tp = cfg.tensor_parallel;
+  l.pp = cfg.pipeline.size;
+  l.zero = cfg.zero.stage;
+  l.sequence_parallel = cfg.sequence_parallel && cfg.tensor_parallel > 1;
+  l.micro = cfg.micro_batch;
+  l.accum = cfg.grad_accum;
+  l.schedule = cfg.pipeline.schedule;
+  l.virtual_stages = cfg.pipeline.virtual_stages;
+  l.partition = cfg.pipeline.layers.empty() ? cfg.pipeline.partition : "";
+  l.reduce_bucket = cfg.zero.reduce_bucket_size;
+  return l;
+}
+
+std::vector<int> divisors(int64_t n) {
+  std::vector<int> d;
+  for (int64_t i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(static_cast<int>(i));
+  return d;
+}
+
+std::string fmt(const char* f, auto... args) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, f, args...);
+  return buf;
+}
+
+double mib(int64_t b) { return static_cast<double>(b) / 1048576.0; }
+
+// "llama + lora, 136.96M parameters (2.442M trainable)" of the whole model at tp (tp rank 0's).
+std::string model_line(const ModelSource& src, int tp) {
+  auto whole = src.make(tp, false, {});
+  const nn::ParamStore& ps = whole->params();
+  return fmt("%s%s, %.2fM parameters (%.3fM trainable)%s", whole->arch().c_str(),
+             src.peft().enabled() ? (" + " + src.peft().method).c_str() : "", ps.numel() / 1e6,
+             ps.trainable_numel() / 1e6, tp > 1 ? " per tensor-parallel rank" : "");
+}
+
+std::string time_line(const StepTime& t) {
+  return fmt(
+      "%.3g s = pipeline %.3g (critical path %.3g = micro-batch %.3g x %.3g; micro-batch "
+      "= compute %.3g + tp %.3g + p2p %.3g) + dp %.3g + AdamW %.3g",
+      t.total, t.pipeline, t.critical, t.micro, t.critical / std::max(t.micro, 1e-300), t.compute,
+      t.tp, t.p2p, t.dp, t.optimizer);
+}
+
+}  // namespace
+
+std::string Layout::str() const {
+  std::string s =
+      fmt("dp%d tp%d%s pp%d ZeRO-%d micro %lld x %lld", dp, tp, sequence_parallel ? "(sp)" : "", pp,
+          zero, static_cast<long long>(micro), static_cast<long long>(accum));
+  if (pp > 1)
+    s += " " + schedule + (virtual_stages > 1 ? "x" + std::to_string(virtual_stages) : "");
+  return s;
+}
+
+std::string Layout::overrides() const {
+  std::string s =
+      fmt("--set tensor_parallel.size=%d --set pipeline_parallel.size=%d --set "
+          "zero_optimization.stage=%d --set train_micro_batch_size_per_gpu=%lld --set "
+          "gradient_accumulation_steps=%lld",
+          tp, pp, zero, static_cast<long long>(micro), static_cast<long long>(accum));
+  if (pp > 1) {
+    s += " --set pipeline_parallel.schedule=" + schedule +
+         " --set pipeline_parallel.virtual_stages=" + std::to_string(virtual_stages);
+    if (!partition.empty()) s += " --set pipeline_parallel.partition=" + partition;
+  }
+  return s;
+}
+
+LayoutPlan plan_layout(const TrainConfig& cfg, int world) {
+  const ModelSource src(cfg);
+  const Layout l = config_layout(cfg);
+  return evaluate(stage_shapes(src, l.tp, l.sequence_parallel, cfg.pipeline), l, world,
+                  cfg.data.seq_len, src.hidden());
+}
+
+std::string plan_report(const TrainConfig& cfg, int world) {
+  const ModelSource src(cfg);
+  const Layout l = config_layout(cfg);
+  const std::vector<StageShape> shapes = stage_shapes(src, l.tp, l.sequence_parallel, cfg.pipeline);
+  const int64_t seq = cfg.data.seq_len;
+  std::string out =
+      fmt("loom plan: %s, %d ranks = %d data-parallel x %d tensor-parallel%s x %d pipeline stages, "
+          "micro-batch %lld x %lld tokens, %lld per step\n",
+          model_line(src, l.tp).c_str(), world, l.dp, l.tp,
+          l.sequence_parallel ? " (sequence parallel)" : "", l.pp, static_cast<long long>(l.micro),
+          static_cast<long long>(seq), static_cast<long long>(l.accum));
+  const LayoutPlan plan = evaluate(shapes, l, world, seq, src.hidden());
+  if (l.pp == 1) {
+    out +=
+        "MiB per rank   params    grads  optimizer  model state  buffers  activations*    total"
+        "   peak RSS**\n";
+    for (int stage = 0; stage <= 3; ++stage) {
+      Layout z = l;
+      z.zero = stage;
+      const StagePlan s = evaluate(shapes, z, world, seq, src.hidden()).stages[0];
+      const parallel::ZeroMemory& m = s.state;
+      out += fmt("stage %d%s %9.1f %8.1f %10.1f %12.1f %8.1f %12.1f %8.1f %12.1f\n", stage,
+                 stage == cfg.zero.stage ? " (cfg)" : "      ", mib(m.params), mib(m.grads),
+                 mib(m.optimizer), mib(m.model_state()), mib(m.buffers), mib(s.activation_bytes),
+                 mib(m.model_state() + m.buffers + s.activation_bytes), mib(s.peak_bytes));
+    }
+    out += "* activations: the model's estimate for one micro-batch's forward and backward\n";
+  } else {
+    out +=
+        fmt("pipeline: %d stages (%s schedule), ZeRO stage %d over %d data-parallel ranks; "
+            "MiB per rank of each stage:\n",
+            l.pp, l.schedule.c_str(), l.zero, l.dp);
+    out +=
+        "stage  layers            params     grads  optimizer  buffers  activations* x in "
+        "flight   peak RSS**\n";
+    for (size_t r = 0; r < plan.stages.size(); ++r) {
+      const StagePlan& s = plan.stages[r];
+      out += fmt("%-6zu %-14s %9.1f %9.1f %10.1f %8.1f %12.1f x %-7d %12.1f\n", r,
+                 (s.layers + " (" + std::to_string(s.n_layers) + ")").c_str(), mib(s.state.params),
+                 mib(s.state.grads), mib(s.state.optimizer), mib(s.state.buffers),
+                 mib(s.activation_bytes), s.in_flight, mib(s.peak_bytes));
+    }
+    out +=
+        "* activations: the model's estimate for one micro-batch's forward and backward on "
+        "the stage's layers, held for as many micro-batches as the schedule keeps in flight\n";
+  }
+  const Calibration& cal = calibration();
+  out += fmt(
+      "** peak RSS: the bytes above plus the process (%.0f MiB), calibrated on %s%s\n",
+      mib(cal.process_bytes), cal.machine.c_str(),
+      plan.stages[0].mpi_bytes > 0 ? "; and MPI's temporaries for the engine's reductions" : "");
+  out += "estimated step: " + time_line(plan.time) + "\n";
+  // What the calibration (bench/plan_calibrate.sh) divides by the measured time.
+  const Traffic& t = plan.time.traffic;
+  out +=
+      fmt("the slowest stage: FLOPs per micro-batch %.6g through f32 weights, %.6g through "
+          "quantized weights; bytes sent per step %.6g all-reduce, %.6g reduce-scatter, %.6g "
+          "all-gather, %.6g p2p, in %.6g calls\n",
+          plan.time.f32_flops, plan.time.quant_flops, t.all_reduce, t.reduce_scatter, t.all_gather,
+          t.p2p, t.calls);
+  return out;
+}
+
+TrainConfig search_config(const fs::path& path, const std::vector<std::string>& sets, int world) {
+  nlohmann::json j = io::read_json_file(path);
+  for (const auto& s : sets) apply_override(j, s);
+  // Given, train_batch_size is the global batch (parse_config checks its type below).
+  if (!j.contains("train_batch_size"))
+    j["train_batch_size"] = parse_config(j, path.string(), world).train_batch;
+  j.erase("train_micro_batch_size_per_gpu");
+  j.erase("gradient_accumulation_steps");
+  if (j.contains("tensor_parallel")) j["tensor_parallel"]["size"] = 1;
+  if (j.contains("pipeline_parallel")) j["pipeline_parallel"]["size"] = 1;
+  return parse_config(j, path.string(), 1);
+}
+
+std::vector<LayoutPlan> runnable_layouts(const TrainConfig& cfg, int world) {
+  const ModelSource src(cfg);
+  const int64_t global = cfg.train_batch, seq = cfg.data.seq_len;
+  std::vector<LayoutPlan> out;
+  for (int tp : divisors(world)) {
+    // Layouts the trainer refuses are not offered.
+    if (tp > 1 && src.peft().method == "prefix" && src.peft().prefix_projection) continue;
+    const bool sp = cfg.sequence_parallel && tp > 1;
+    for (int pp : divisors(world / tp)) {
+      const int dp = world / (tp * pp);
+      if (global % dp != 0) continue;
+      // Interleaved with 2 chunks per rank besides the plain schedules (more chunks shrink
+      // the bubble further but cut the layers finer).
+      for (int v : pp > 1 ? std::vector<int>{1, 2} : std::vector<int>{1}) {
+        parallel::PipelineConfig pc = cfg.pipeline;
+        pc.size = pp;
+        pc.virtual_stages = v;
+        if (!pc.layers.empty() && static_cast<int>(pc.layers.size()) != pc.chunks()) {
+          pc.layers.clear();  // the config's list is for its own number of chunks
+          pc.partition = "uniform";
+        }
+        std::vector<StageShape> shapes;
+        try {
+          shapes = stage_shapes(src, tp, sp, pc);
+        } catch (const Error&) {  // the model cannot split so (heads, layers, vocabulary,
+                                  // a KV prefix under PP)
+          continue;
+        }
+        std::vector<std::string> schedules = {"1f1b"};
+        if (pp > 1)
+          schedules = v > 1 ? std::vector<std::string>{"interleaved"}
+                            : std::vector<std::string>{"1f1b", "gpipe"};
+        for (int micro : divisors(global / dp)) {
+          if (sp && (micro * seq) % tp != 0) continue;
+          const int64_t accum = global / dp / micro;
+          if (v > 1 && accum % pp != 0) continue;  // interleaved runs groups of pp micro-batches
+          for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+            for (const std::string& schedule : schedules) {
+              Layout l;
+              l.dp = dp;
+              l.tp = tp;
+              l.pp = pp;
+              l.zero = zero;
+              l.sequence_parallel = sp;
+              l.micro = micro;
+              l.accum = accum;
+              l.schedule = schedule;
+              l.virtual_stages = v;
+              l.partition = pc.layers.empty() ? pc.partition : "";
+              l.reduce_bucket = cfg.zero.reduce_bucket_size;
+              out.push_back(evaluate(shapes, l, world, seq, src.hidden()));
+            }
+          }
+        }
+      }
     }
   }
-  models::declare_peft(*model, cfg.peft);
-  nn::ParamStore& ps = model->params();
-  int64_t frozen = 0;
-  std::vector<int64_t> unit_frozen(model->num_units(), 0);  // frozen bytes per unit
-  for (auto& p : ps.all()) {
-    if (p->trainable) continue;
-    auto q = quant_bytes.find(p->name);
-    const bool kept =
-        q != quant_bytes.end() &&
-        !std::any_of(cfg.peft.modules_to_save.begin(), cfg.peft.modules_to_save.end(),
-                     [&](const std::string& m) {
-                       return models::peft_name_matches(p->name.substr(0, p->name.rfind('.')), m);
-                     });
-    // A kept-quantized shard holds its share of the whole weight's blocks.
-    const int64_t bytes = kept ? q->second * shape_numel(p->shape) / shape_numel(p->full_shape)
-                               : 4 * shape_numel(p->shape);
-    frozen += bytes;
-    unit_frozen[model->unit_of(p->name)] += bytes;
+  std::stable_sort(out.begin(), out.end(), [](const LayoutPlan& a, const LayoutPlan& b) {
+    if (a.time.total != b.time.total) return a.time.total < b.time.total;
+    return a.peak_bytes < b.peak_bytes;
+  });
+  return out;
+}
+
+std::string layouts_report(const TrainConfig& cfg, int world, double budget_gib) {
+  const std::vector<LayoutPlan> all = runnable_layouts(cfg, world);
+  LOOM_CHECK(!all.empty(), "no layout of " + std::to_string(world) +
+                               " ranks can run this model at the global batch of " +
+                               std::to_string(cfg.train_batch));
+  const auto budget = static_cast<int64_t>(budget_gib * 1073741824.0);
+  std::vector<const LayoutPlan*> fit;
+  const LayoutPlan* smallest = &all[0];
+  for (const LayoutPlan& p : all) {
+    if (p.peak_bytes <= budget) fit.push_back(&p);
+    if (p.peak_bytes < smallest->peak_bytes) smallest = &p;
   }
-  std::vector<int64_t> lens;
-  for (const auto& unit : model->units()) {
-    int64_t n = 0;
-    for (const nn::Parameter* p : unit)
-      if (p->trainable) n += shape_numel(p->shape);
-    lens.push_back(n);
+  LOOM_CHECK(!fit.empty(), fmt("no layout of %d ranks fits in %.3g GiB per rank (%zu layouts "
+                               "considered); the smallest estimate is %.2f GiB per rank: %s",
+                               world, budget_gib, all.size(), mib(smallest->peak_bytes) / 1024,
+                               smallest->layout.str().c_str()));
+  const ModelSource src(cfg);
+  std::string out = fmt(
+      "loom plan: %s; %d ranks, global batch %lld x %lld tokens: %zu of %zu layouts fit in %.3g "
+      "GiB per rank, fastest first%s\n",
+      model_line(src, 1).c_str(), world, static_cast<long long>(cfg.train_batch),
+      static_cast<long long>(cfg.data.seq_len), fit.size(), all.size(), budget_gib,
+      cfg.sequence_parallel ? " (s after a tp size: sequence parallel)" : "");
+  out +=
+      "   #    dp    tp    pp  ZeRO  micro x accum  schedule        peak RSS MiB/rank  "
+      "step s = pipeline + dp + AdamW\n";
+  const size_t shown = std::min<size_t>(fit.size(), 20);
+  for (size_t i = 0; i < shown; ++i) {
+    const LayoutPlan& p = *fit[i];
+    const Layout& l = p.layout;
+    const std::string schedule =
+        l.pp == 1
+            ? "-"
+            : l.schedule + (l.virtual_stages > 1 ? " x" + std::to_string(l.virtual_stages) : "");
+    out += fmt("%4zu %5d %5d%s %4d %5d %6lld x %-6lld %-15s %17.1f  %.3g = %.3g + %.3g + %.3g\n",
+               i + 1, l.dp, l.tp, l.sequence_parallel ? "s" : " ", l.pp, l.zero,
+               static_cast<long long>(l.micro), static_cast<long long>(l.accum), schedule.c_str(),
+               mib(p.peak_bytes), p.time.total, p.time.pipeline, p.time.dp, p.time.optimizer);
   }
-  const int64_t act = model->activation_bytes(cfg.micro_batch, cfg.data.seq_len);
-  auto mib = [](int64_t b) { return b / 1048576.0; };
-  std::string out;
-  char line[256];
-  std::snprintf(line, sizeof line,
-                "loom plan: %s%s, %.2fM parameters (%.3fM trainable) per rank, %d ranks = %d "
-                "data-parallel x %d tensor-parallel%s, micro-batch %lld x %lld tokens\n",
-                model->arch().c_str(), cfg.peft.enabled() ? (" + " + cfg.peft.method).c_str() : "",
-                ps.numel() / 1e6, ps.trainable_numel() / 1e6, world, cfg.data_parallel,
-                cfg.tensor_parallel, cfg.sequence_parallel ? " (sequence parallel)" : "",
-                static_cast<long long>(cfg.micro_batch), static_cast<long long>(cfg.data.seq_len));
-  out += line;
-  out += "MiB per rank   params    grads  optimizer  model state  buffers  activations*    total\n";
-  for (int stage = 0; stage <= 3; ++stage) {
-    // Every rank's share is the same up to one element of padding per unit: rank 0's.
-    parallel::ZeroMemory m =
-        parallel::ZeroPartition::make(lens, cfg.data_parallel, 0).memory(stage, frozen);
-    std::snprintf(line, sizeof line, "stage %d%s %9.1f %8.1f %10.1f %12.1f %8.1f %12.1f %8.1f\n",
-                  stage, stage == cfg.zero.stage ? " (cfg)" : "      ", mib(m.params), mib(m.grads),
-                  mib(m.optimizer), mib(m.model_state()), mib(m.buffers), mib(act),
-                  mib(m.model_state() + m.buffers + act));
-    out += line;
-  }
-  out += "* activations: the model's estimate for one micro-batch's forward and backward\n";
-  if (cfg.pipeline.size > 1) {
-    // Each pipeline stage holds its layers' units (the first also the embedding and a
-    // prefix, the last the final norm and head), ZeRO over dp; the table above is the
-    // whole model per tp rank. Activations per stage come with the schedules.
-    const std::vector<int64_t> counts = parallel::partition_model(cfg.pipeline, *model, "config");
-    std::snprintf(line, sizeof line,
-                  "pipeline: %d stages (%s schedule), ZeRO stage %d over %d data-parallel "
-                  "ranks; MiB per rank of each stage:\n",
-                  cfg.pipeline.size, cfg.pipeline.schedule.c_str(), cfg.zero.stage,
-                  cfg.data_parallel);
-    out += line;
-    const int L = model->num_layers(), k = cfg.pipeline.chunks();
-    std::vector<int64_t> first(k + 1, 0);
-    for (int c = 0; c < k; ++c) first[c + 1] = first[c] + counts[c];
-    for (int r = 0; r < cfg.pipeline.size; ++r) {
-      std::vector<int64_t> stage_lens;
-      int64_t stage_frozen = 0, layers = 0;
-      std::string ranges;
-      auto take = [&](int unit) {
-        stage_lens.push_back(lens[unit]);
-        stage_frozen += unit_frozen[unit];
-      };
-      if (r == 0) take(0);
-      for (int c = r; c < k; c += cfg.pipeline.size) {  // this rank's chunks
-        for (int64_t l = first[c]; l < first[c + 1]; ++l) take(static_cast<int>(l) + 1);
-        layers += counts[c];
-        ranges += (ranges.empty() ? "" : ", ") + std::to_string(first[c]) + "-" +
-                  std::to_string(first[c + 1] - 1);
-      }
-      if (r == cfg.pipeline.size - 1) {
-        take(L + 1);
-        // A tied head: the last stage holds its own copy of the embedding's table.
-        auto* dec = dynamic_cast<models::Decoder*>(model.get());
-        if (dec && dec->tied_head() && r > 0) take(0);
-      }
-      if (r == 0 && model->num_units() > L + 2) take(L + 2);
-      const parallel::ZeroMemory m = parallel::ZeroPartition::make(stage_lens, cfg.data_parallel, 0)
-                                         .memory(cfg.zero.stage, stage_frozen);
-      std::snprintf(line, sizeof line,
-                    "  stage %d: layers %s (%lld)  params %.1f  grads %.1f  optimizer %.1f  "
-                    "model state %.1f\n",
-                    r, ranges.c_str(), static_cast<long long>(layers), mib(m.params), mib(m.grads),
-                    mib(m.optimizer), mib(m.model_state()));
-      out += line;
-    }
-  }
+  if (shown < fit.size()) out += fmt("  ... and %zu more\n", fit.size() - shown);
+  out += "the fastest: " + fit[0]->layout.overrides() + "\n";
+  const Calibration& cal = calibration();
+  out +=
+      fmt("peak RSS: planned bytes + the process (%.0f MiB); step time: the cost model "
+          "(src/loom/train/cost_model.h), calibrated on %s, all ranks on one such machine\n",
+          mib(cal.process_bytes), cal.machine.c_str());
   return out;
 }
 

@@ -10,16 +10,21 @@
 #include <filesystem>
 #include <map>
 
+#include "loom/dist/job_trace.h"
 #include "loom/io/hf_checkpoint.h"
 #include "loom/io/model_loader.h"
 #include "loom/io/peft_adapter.h"
 #include "loom/kernels/cpu/cross_entropy.h"
+#include "loom/models/peft.h"
 #include "loom/models/registry.h"
 #include "loom/optim/clip.h"
+#include "loom/parallel/pipeline.h"
+#include "loom/parallel/pipeline_schedule.h"
 #include "loom/train/checkpoint.h"
 #include "loom/util/error.h"
 #include "loom/util/path.h"
 #include "loom/util/profile.h"
+#include "loom/util/trace.h"
 
 namespace loom::train {
 
@@ -30,6 +35,14 @@ std::string mib(int64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
   return buf;
+}
+
+// "[0, 2) [4, 6)": the layers of a pipeline rank's chunks.
+std::string layers_str(const models::StageRange& s) {
+  std::string out;
+  for (const auto& [a, b] : s.chunks)
+    out += (out.empty() ? "[" : " [") + std::to_string(a) + ", " + std::to_string(b) + ")";
+  return out;
 }
 
 int64_t peak_rss_bytes() {
@@ -61,6 +74,14 @@ std::unique_ptr<models::CausalLM> build_model(const nlohmann::json& m, uint64_t 
     }
     return io::load_model(m["path"].get<std::string>(), opt);
   }
+  auto model = models::make_model(model_hf_config(m, where), where + " (model)", opt.tp, opt.stage);
+  model->params().init(seed);
+  return model;
+}
+
+nlohmann::json model_hf_config(const nlohmann::json& m, const std::string& where) {
+  if (const std::string path = model_path(m); !path.empty()) return io::read_model_config(path);
+  LOOM_CHECK(m.is_object(), where + ": config key 'model' must be a path or an object");
   // Sizes as the architecture's config.json spells them; the model starts from `seed`.
   static const std::map<std::string, std::vector<std::string>> kKeys = {
       {"gpt2",
@@ -84,9 +105,7 @@ std::unique_ptr<models::CausalLM> build_model(const nlohmann::json& m, uint64_t 
     hf[k] = v;
   }
   hf["model_type"] = arch;
-  auto model = models::make_model(hf, where + " (model)", opt.tp);
-  model->params().init(seed);
-  return model;
+  return hf;
 }
 
 Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
@@ -114,6 +133,7 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
   load.keep_quantized = cfg_.peft.enabled();
   load.keep_f32_modules = cfg_.peft.modules_to_save;
   load.tp = tp_;
+  if (cfg.pipeline.size > 1) load.stage = stage_range_ = pipeline_stage_range();
   model_ = build_model(cfg.model, cfg.seed, "config", load);
   LOOM_CHECK(!cfg_.peft.enabled() || model_path(cfg.model) != "",
              "config: PEFT needs a pretrained base model (config key 'model' as a path)");
@@ -123,15 +143,6 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
   LOOM_CHECK(cfg_.peft.method != "prefix" || !cfg_.peft.prefix_projection || !tp_.active(),
              "config: peft.prefix_projection under tensor_parallel.size > 1 is not supported "
              "(its table would be saved split); set it false");
-  if (cfg.pipeline.size > 1) {
-    // The stages are checked against the model first, so a bad partition says so.
-    const std::vector<int64_t> stages = parallel::partition_model(cfg.pipeline, *model_, "config");
-    std::string cut;
-    for (int64_t n : stages) cut += (cut.empty() ? "" : " + ") + std::to_string(n);
-    throw Error("config: pipeline_parallel.size " + std::to_string(cfg.pipeline.size) +
-                ": the pipeline schedules are not implemented yet (the layers would split " + cut +
-                "); use tensor_parallel or data parallelism");
-  }
   models::apply_peft(*model_, cfg_.peft, cfg.seed);
   if (!cfg.peft_from.empty()) io::load_adapter_weights(*model_, expand_user(cfg.peft_from));
   // Resuming: the weights the checkpoint holds (the optimizer state follows below).
@@ -173,7 +184,28 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
                  std::to_string(model_->max_positions()) + " positions");
   sampler_ = std::make_unique<data::Sampler>(*data_, cfg.seed, cfg.data.shuffle, cfg.micro_batch,
                                              cfg.grad_accum, dp_->size(), dp_->rank());
+  if (cfg.pipeline.size > 1) {
+    // The stage's activation contexts: as many copies of its modules as micro-batches its
+    // schedule holds at once; the engine points them at the model's parameters.
+    const int K = parallel::max_in_flight(
+        parallel::stage_schedule(cfg.pipeline.schedule, cfg.pipeline.size, mesh_->pp_rank(),
+                                 static_cast<int>(cfg.grad_accum), cfg.pipeline.virtual_stages));
+    std::vector<models::CausalLM*> contexts = {model_.get()};
+    for (int k = 1; k < K; ++k) {
+      // Declared only: add_context points every parameter at the stage model's storage, so
+      // buffers of its own would be dropped at once (and with PEFT, written first: a
+      // transient as large as the stage's f32 weights, measured by bench/plan_check.sh).
+      auto c = models::make_model(model_->hf_config(), "config (pipeline stage)", tp_, load.stage,
+                                  models::ParamBuffers::DeclareOnly);
+      models::declare_peft(*c, cfg_.peft);
+      contexts.push_back(c.get());
+      contexts_.push_back(std::move(c));
+    }
+    stage_ = std::make_unique<parallel::PipelineStage>(contexts, mesh_->pp(), cfg.pipeline.schedule,
+                                                       cfg.pipeline.virtual_stages);
+  }
   engine_ = std::make_unique<parallel::ZeroEngine>(*model_, *dp_, cfg.zero, cfg.adamw, tp_);
+  for (auto& c : contexts_) engine_->add_context(*c);  // now over the engine's layout
   sched_ = optim::Schedule::from_json(cfg.scheduler, cfg.adamw.lr, cfg.train_steps);
   if (!cfg.resume_from.empty()) {
     load_optimizer_state(resume_dir, resume, *engine_);
@@ -183,8 +215,26 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
 
 Trainer::~Trainer() = default;
 
+models::StageRange Trainer::pipeline_stage_range() const {
+  const parallel::PipelineConfig& pc = cfg_.pipeline;
+  // The cut comes from the model's structure alone: its parameters are declared, nothing
+  // is allocated and no weight is read.
+  auto whole = models::make_model(model_hf_config(cfg_.model, "config"), "config (model)", {}, {},
+                                  models::ParamBuffers::DeclareOnly);
+  const std::vector<int64_t> layers = parallel::partition_model(pc, *whole, "config");
+  // Rank r holds chunks r, r + p, r + 2p, ... of the size * virtual_stages.
+  models::StageRange s;
+  int64_t at = 0;
+  for (int c = 0; c < pc.chunks(); ++c) {
+    if (c % pc.size == mesh_->pp_rank()) s.chunks.emplace_back(at, at + layers[c]);
+    at += layers[c];
+  }
+  return s;
+}
+
 StepStats Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
+  trace::Span span(trace::Kind::Step, -1, step_);
   StepStats st;
   st.step = step_;
 
@@ -204,37 +254,77 @@ StepStats Trainer::step() {
   // 2. Forward and backward; gradients accumulate across micro-batches. 3. Gradient sync
   //    runs inside the backward: the engine reduces each unit's gradients (all ranks' sum)
   //    as soon as they are complete, and end_backward() waits for the last of them.
+  //    A pipeline stage runs its schedule instead, then reduces (parallel/pipeline_stage.h).
   engine_->zero_grads();
-  double loss_sum = 0.0;
-  nn::DropoutContext& drop = model_->dropout();
-  for (size_t m = 0; m < micro.size(); ++m) {
-    const data::MicroBatch& mb = micro[m];
-    engine_->begin_micro_batch(m + 1 == micro.size());
-    drop = {true, cfg_.seed, step_, mb.batch_row * mb.ids.dim(1)};
-    model_->forward(mb.ids, mb.pos);
-    engine_->begin_backward();
-    loss_sum += model_->backward(mb.targets, grad_scale);
-    engine_->end_backward();
-  }
-  drop.training = false;
+  double loss_sum = stage_ ? pipeline_passes(micro, grad_scale) : passes(micro, grad_scale);
   dp_->all_reduce_sum(&loss_sum, 1);
+  if (stage_) mesh_->pp().all_reduce_sum(&loss_sum, 1);  // the last stage holds it
   st.loss = loss_sum / std::max<int64_t>(st.target_tokens, 1);
 
-  // 4. Clip by the global norm, over every rank's shard (the optimizer applies the
-  //    coefficient as it reads the gradients).
-  st.grad_norm = std::sqrt(engine_->grad_sq_norm());
+  // 4. Clip by the global norm, over every rank's shard and every stage (the optimizer
+  //    applies the coefficient as it reads the gradients).
+  double sq = engine_->grad_sq_norm();
+  if (stage_) mesh_->pp().all_reduce_sum(&sq, 1);
+  st.grad_norm = std::sqrt(sq);
   const float clip = optim::clip_coefficient(st.grad_norm, cfg_.gradient_clipping);
   // 5. Optimizer on this rank's shard at this step's learning rate, then 6. parameter sync.
   st.lr = sched_.lr_at(step_);
-  engine_->optimizer_step(static_cast<float>(st.lr), clip);
+  {
+    trace::Span opt(trace::Kind::Optimizer);
+    engine_->optimizer_step(static_cast<float>(st.lr), clip);
+  }
 
   ++step_;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
 }
 
+double Trainer::passes(const std::vector<data::MicroBatch>& micro, float grad_scale) {
+  double loss_sum = 0.0;
+  nn::DropoutContext& drop = model_->dropout();
+  for (size_t m = 0; m < micro.size(); ++m) {
+    const data::MicroBatch& mb = micro[m];
+    const int i = static_cast<int>(m);
+    trace::MicroScope ms(i);  // the engine's collectives during the passes carry it
+    engine_->begin_micro_batch(m + 1 == micro.size());
+    drop = {true, cfg_.seed, step_, mb.batch_row * mb.ids.dim(1)};
+    {
+      trace::Span span(trace::Kind::Forward, i);
+      model_->forward(mb.ids, mb.pos);
+    }
+    engine_->begin_backward();
+    {
+      trace::Span span(trace::Kind::Backward, i);
+      loss_sum += model_->backward(mb.targets, grad_scale);
+    }
+    engine_->end_backward();
+  }
+  drop.training = false;
+  return loss_sum;
+}
+
+double Trainer::pipeline_passes(const std::vector<data::MicroBatch>& micro, float grad_scale) {
+  std::vector<parallel::MicroBatchTensors> mbs;
+  for (const data::MicroBatch& mb : micro) mbs.push_back({mb.ids, mb.pos, mb.targets});
+  // ZeRO 0/1 reduce after the schedule, not during it; ZeRO 2/3 after every backward.
+  engine_->begin_micro_batch(false);
+  parallel::PassHooks hooks;
+  hooks.before_forward = [&](models::CausalLM& ctx, int i) {
+    ctx.dropout() = {true, cfg_.seed, step_, micro[i].batch_row * micro[i].ids.dim(1)};
+  };
+  hooks.before_backward = [&] { engine_->begin_backward(); };
+  hooks.after_backward = [&] { engine_->end_backward(); };
+  const double loss_sum = stage_->train(mbs, grad_scale, hooks);
+  model_->dropout().training = false;
+  for (auto& c : contexts_) c->dropout().training = false;
+  engine_->reduce_grads();
+  stage_->sum_tied_grads(*engine_);
+  return loss_sum;
+}
+
 double Trainer::evaluate() {
   if (!valid_) return std::nan("");
+  trace::Span span(trace::Kind::Eval);
   model_->dropout().training = false;
   const int64_t T = valid_->seq_len(), B = cfg_.micro_batch;
   // Rank r takes batches r, r + N, ...; every rank runs the same number of forwards (a
@@ -255,15 +345,27 @@ double Trainer::evaluate() {
     } else {
       std::fill(tg.i32(), tg.i32() + T, kernels::kIgnoreIndex);
     }
-    model_->forward(ids, pos);
-    std::vector<double> sums(b);
-    model_->loss_sums(tg, sums.data());
+    std::vector<double> sums(b, 0.0);
+    if (!stage_) {
+      model_->forward(ids, pos);
+      model_->loss_sums(tg, sums.data());
+    } else if (models::CausalLM* last = stage_->forward(ids, pos)) {
+      last->loss_sums(tg, sums.data());  // the other stages add zeros below
+    }
     for (int64_t i = 0; k < batches && i < b; ++i) {
       slots[2 * (first + i)] = sums[i];
       slots[2 * (first + i) + 1] = static_cast<double>(kernels::count_targets(tg.i32() + i * T, T));
     }
   }
   dp_->all_reduce_sum(slots.data(), static_cast<int64_t>(slots.size()));
+  if (stage_) {  // target counts from every stage, losses from the last: keep one of each
+    const bool last = model_->last_stage();
+    for (size_t s = 0; s < slots.size(); s += 2) {
+      if (!last) slots[s] = 0.0;
+      if (mesh_->pp_rank() != 0) slots[s + 1] = 0.0;
+    }
+    mesh_->pp().all_reduce_sum(slots.data(), static_cast<int64_t>(slots.size()));
+  }
   double loss = 0.0, count = 0.0;
   for (size_t s = 0; s < slots.size(); s += 2) {
     loss += slots[s];
@@ -272,20 +374,36 @@ double Trainer::evaluate() {
   return count > 0 ? loss / count : std::nan("");
 }
 
-void Trainer::write_model(const fs::path& dir) {
+void Trainer::save_checkpoint(const fs::path& dir) {
+  TrainerState st{step_,           cfg_.train_batch,     mesh_->world().size(),
+                  cfg_.zero.stage, cfg_.tensor_parallel, cfg_.pipeline.size};
   const std::string source = model_path(cfg_.model);
   const fs::path tokenizer_from = source.empty() ? fs::path() : expand_user(source);
-  if (cfg_.peft.enabled())
-    io::save_adapter(*model_, cfg_.peft, dir, fs::absolute(tokenizer_from).string(),
-                     tokenizer_from);
-  else
-    io::save_hf_checkpoint(*model_, dir, tokenizer_from);
-}
-
-void Trainer::save_checkpoint(const fs::path& dir) {
-  TrainerState st{step_, cfg_.train_batch, mesh_->world().size(), cfg_.zero.stage,
-                  cfg_.tensor_parallel};
-  save_train_checkpoint(dir, st, *engine_, *mesh_, tp_, [&](const fs::path& d) { write_model(d); });
+  // The model: an HF folder or a PEFT adapter folder, each stage writing its tensors.
+  const int stages = cfg_.pipeline.size;
+  auto adapter_part = [&](const fs::path& d, int s) {
+    return stages == 1 ? d / "adapter_model.safetensors"
+                       : d / ("adapter_model.stage" + std::to_string(s) + ".safetensors");
+  };
+  auto write_stage = [&](const fs::path& d) {
+    if (cfg_.peft.enabled())
+      io::write_adapter_weights(*model_, adapter_part(d, mesh_->pp_rank()));
+    else
+      io::write_hf_weights(*model_, d / io::hf_weights_file(mesh_->pp_rank(), stages));
+  };
+  auto finish_model = [&](const fs::path& d) {
+    if (cfg_.peft.enabled()) {
+      io::write_adapter_config(*model_, cfg_.peft, d, fs::absolute(tokenizer_from).string(),
+                               tokenizer_from);
+      std::vector<fs::path> parts;
+      for (int s = 0; s < stages; ++s) parts.push_back(adapter_part(d, s));
+      if (stages > 1) io::merge_adapter_weights(d, parts);
+    } else {
+      io::write_hf_config(*model_, d, tokenizer_from);
+      if (stages > 1) io::write_hf_index(d, stages);
+    }
+  };
+  save_train_checkpoint(dir, st, *engine_, *mesh_, tp_, write_stage, finish_model);
 }
 
 void Trainer::run() {
@@ -309,16 +427,23 @@ void Trainer::run() {
   };
   const bool tty = ::isatty(fileno(stderr));
   nn::ParamStore& ps = model_->params();
-  say("loom: %s%s, %.2fM parameters, %.3fM trainable (%.2f%%), %lld samples of %lld tokens, "
-      "batch %lld = %lld x %lld accumulation x %d data-parallel ranks, tensor parallel %d%s, "
+  // Under pipeline parallelism rank 0 speaks for the first stage.
+  const std::string pipe =
+      stage_ ? ", pipeline parallel " + std::to_string(cfg_.pipeline.size) + " (" +
+                   cfg_.pipeline.schedule + "; the first stage holds layers " +
+                   layers_str(stage_range_) + " and up to " + std::to_string(stage_->contexts()) +
+                   " micro-batches' activations)"
+             : std::string();
+  say("loom: %s%s, %.2fM parameters%s, %.3fM trainable (%.2f%%), %lld samples of %lld tokens, "
+      "batch %lld = %lld x %lld accumulation x %d data-parallel ranks, tensor parallel %d%s%s, "
       "ZeRO stage %d, %lld steps%s\n",
       model_->arch().c_str(), cfg_.peft.enabled() ? (" + " + cfg_.peft.method).c_str() : "",
-      ps.numel() / 1e6, ps.trainable_numel() / 1e6, 100.0 * ps.trainable_numel() / ps.numel(),
-      static_cast<long long>(data_->size()), static_cast<long long>(cfg_.data.seq_len),
-      static_cast<long long>(cfg_.train_batch), static_cast<long long>(cfg_.micro_batch),
-      static_cast<long long>(cfg_.grad_accum), dp_->size(), cfg_.tensor_parallel,
-      cfg_.sequence_parallel ? " (sequence parallel)" : "", cfg_.zero.stage,
-      static_cast<long long>(cfg_.train_steps),
+      ps.numel() / 1e6, stage_ ? " on the first stage" : "", ps.trainable_numel() / 1e6,
+      100.0 * ps.trainable_numel() / ps.numel(), static_cast<long long>(data_->size()),
+      static_cast<long long>(cfg_.data.seq_len), static_cast<long long>(cfg_.train_batch),
+      static_cast<long long>(cfg_.micro_batch), static_cast<long long>(cfg_.grad_accum),
+      dp_->size(), cfg_.tensor_parallel, cfg_.sequence_parallel ? " (sequence parallel)" : "",
+      pipe.c_str(), cfg_.zero.stage, static_cast<long long>(cfg_.train_steps),
       step_ > 0 ? (", resuming after step " + std::to_string(step_)).c_str() : "");
   if (!data_summary_.empty()) say("data: %s\n", data_summary_.c_str());
   MemoryReport mem = memory_report();
@@ -337,12 +462,18 @@ void Trainer::run() {
   reset_storage_peak();
   eval_line();  // before training: the baseline the run should beat
   prof::enable(cfg_.wall_clock_breakdown);
+  const bool tracing = !cfg_.trace_path.empty();
+  trace::enable(tracing);
   double elapsed = 0.0;
   int64_t comm_bytes = 0;
+  auto sent_so_far = [&] {  // over this rank's three groups
+    return dp_->stats().bytes_sent + mesh_->tp().stats().bytes_sent +
+           mesh_->pp().stats().bytes_sent;
+  };
   while (step_ < cfg_.train_steps) {
-    const int64_t sent0 = dp_->stats().bytes_sent + mesh_->tp().stats().bytes_sent;
+    const int64_t sent0 = sent_so_far();
     StepStats st = step();
-    const int64_t sent = dp_->stats().bytes_sent + mesh_->tp().stats().bytes_sent - sent0;
+    const int64_t sent = sent_so_far() - sent0;
     comm_bytes += sent;
     if (step_ == first_step + 1) mem.activations = storage_stats().peak_bytes - live_before;
     elapsed += st.seconds;
@@ -374,6 +505,12 @@ void Trainer::run() {
     }
   }
   eval_line();
+  if (tracing) {
+    dist::write_job_trace(*mesh_, cfg_.trace_path);
+    trace::enable(false);
+    say("loom: wrote the schedule trace %s (open it in ui.perfetto.dev)\n",
+        cfg_.trace_path.c_str());
+  }
   if (cfg_.wall_clock_breakdown && lead) {
     prof::Totals t = prof::totals();
     std::fprintf(stderr,
@@ -382,6 +519,21 @@ void Trainer::run() {
       std::fprintf(stderr, " %s %.2fs", prof::phase_name(static_cast<prof::Phase>(i)),
                    t.ns[i] / 1e9);
     std::fprintf(stderr, "\n");
+  }
+  // Pipeline stages hold different numbers of micro-batches: each stage's measured
+  // activations (its largest rank), beside the number its schedule keeps in flight.
+  std::vector<double> stage_acts(cfg_.pipeline.size, 0.0);
+  if (stage_) {
+    stage_acts[mesh_->pp_rank()] = static_cast<double>(mem.activations);
+    mesh_->world().all_reduce_max(stage_acts.data(), cfg_.pipeline.size);
+    for (int s = 0; s < cfg_.pipeline.size; ++s) {
+      const int held = parallel::max_in_flight(parallel::stage_schedule(
+          cfg_.pipeline.schedule, cfg_.pipeline.size, s, static_cast<int>(cfg_.grad_accum),
+          cfg_.pipeline.virtual_stages));
+      say("pipeline stage %d: up to %d micro-batches in flight, activations and scratch %s "
+          "(measured)\n",
+          s, held, mib(static_cast<int64_t>(stage_acts[s])).c_str());
+    }
   }
   // Measured peaks: the largest over the ranks.
   double peaks[2] = {static_cast<double>(peak_rss_bytes()), static_cast<double>(mem.activations)};
@@ -408,6 +560,8 @@ void Trainer::run() {
             {"params", ps.numel()},
             {"world_size", mesh_->world().size()},
             {"tensor_parallel_size", cfg_.tensor_parallel},
+            {"pipeline_parallel_size", cfg_.pipeline.size},
+            {"pipeline_stage_activations_bytes", stage_acts},
             {"zero_stage", cfg_.zero.stage}}},
           {"comm_bytes_sent_per_step", comm_bytes / steps_run}});
   const fs::path ck = out / "checkpoint-final";

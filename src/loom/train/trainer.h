@@ -19,6 +19,7 @@
 #include "loom/models/causal_lm.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/schedule.h"
+#include "loom/parallel/pipeline_stage.h"
 #include "loom/parallel/zero.h"
 #include "loom/train/config.h"
 #include "loom/train/data_setup.h"
@@ -41,6 +42,8 @@ struct StepStats {
 std::unique_ptr<models::CausalLM> build_model(const nlohmann::json& model_cfg, uint64_t seed,
                                               const std::string& where, io::LoadOptions opt = {});
 std::string model_path(const nlohmann::json& model_cfg);  // "" for a model built from sizes
+// The Hugging Face config.json of the model a config names, without reading weights.
+nlohmann::json model_hf_config(const nlohmann::json& model_cfg, const std::string& where);
 
 class Trainer {
  public:
@@ -55,7 +58,9 @@ class Trainer {
   // Mean loss over every target token of the validation set (NaN when there is none).
   double evaluate();
   // Runs cfg.train_steps steps, writes metrics.jsonl, prints progress (rank 0), saves a
-  // checkpoint every checkpoint_interval steps and the final one, output_dir/checkpoint-final.
+  // checkpoint every checkpoint_interval steps and the final one, output_dir/checkpoint-final;
+  // with cfg.trace_path, the schedule trace of the steps and evaluations (dist/job_trace.h).
+  // step() and evaluate() record trace spans whenever util/trace.h's recorder is on.
   void run();
   // A resumable checkpoint of the current state (collective).
   void save_checkpoint(const std::filesystem::path& dir);
@@ -76,7 +81,12 @@ class Trainer {
   MemoryReport memory_report() const { return {engine_->memory(), 0, 0}; }
 
  private:
-  void write_model(const std::filesystem::path& dir);  // HF folder or PEFT adapter folder
+  // This rank's layers under pipeline parallelism (cut from the model's config).
+  models::StageRange pipeline_stage_range() const;
+  // Forward and backward of the step's micro-batches, gradients accumulated and reduced:
+  // in turn on the whole model, or through the pipeline schedule. Returns the loss sum.
+  double passes(const std::vector<data::MicroBatch>& micro, float grad_scale);
+  double pipeline_passes(const std::vector<data::MicroBatch>& micro, float grad_scale);
 
   TrainConfig cfg_;
   std::unique_ptr<dist::Communicator> own_world_;  // a LocalComm when no mesh was given
@@ -85,6 +95,10 @@ class Trainer {
   dist::Communicator* dp_;  // mesh_->dp(): the batch's ranks
   nn::TensorParallel tp_;
   std::unique_ptr<models::CausalLM> model_;
+  // Pipeline parallel: the stage's schedule, and its activation contexts beyond model_.
+  std::unique_ptr<parallel::PipelineStage> stage_;
+  models::StageRange stage_range_;  // this rank's layers
+  std::vector<std::unique_ptr<models::CausalLM>> contexts_;
   std::unique_ptr<data::Dataset> data_, valid_;
   std::string data_summary_;
   std::unique_ptr<data::Sampler> sampler_;

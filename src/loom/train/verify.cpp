@@ -3,11 +3,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
+#include <map>
 #include <thread>
 
+#include "loom/dist/job_trace.h"
 #include "loom/nn/full_tensors.h"
 #include "loom/util/error.h"
+#include "loom/util/trace.h"
 
 namespace loom::train {
 
@@ -26,6 +30,45 @@ void wait_sleeping(dist::Request& r) {
   while (!r.test()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
+// Every pipeline stage's tensors to stage 0, one stage at a time over the pp group (its
+// ranks all hold full tensors here). A tied embedding arrives twice: its copies must match.
+void gather_stages(dist::Communicator& pp, std::map<std::string, std::vector<float>>& params) {
+  for (int s = 0; s < pp.size(); ++s) {
+    std::vector<char> blob;
+    if (pp.rank() == s) {
+      for (const auto& [name, v] : params) {
+        const int64_t sizes[2] = {static_cast<int64_t>(name.size()),
+                                  static_cast<int64_t>(v.size())};
+        blob.insert(blob.end(), reinterpret_cast<const char*>(sizes),
+                    reinterpret_cast<const char*>(sizes + 2));
+        blob.insert(blob.end(), name.begin(), name.end());
+        blob.insert(blob.end(), reinterpret_cast<const char*>(v.data()),
+                    reinterpret_cast<const char*>(v.data() + v.size()));
+      }
+    }
+    int64_t bytes = static_cast<int64_t>(blob.size());
+    pp.broadcast(&bytes, sizeof bytes, s);
+    blob.resize(bytes);
+    pp.broadcast(blob.data(), bytes, s);
+    if (pp.rank() != 0 || s == 0) continue;
+    for (size_t at = 0; at < blob.size();) {
+      int64_t sizes[2];
+      std::memcpy(sizes, blob.data() + at, sizeof sizes);
+      at += sizeof sizes;
+      std::string name(blob.data() + at, sizes[0]);
+      at += sizes[0];
+      std::vector<float> v(sizes[1]);
+      std::memcpy(v.data(), blob.data() + at, sizes[1] * sizeof(float));
+      at += sizes[1] * sizeof(float);
+      auto [it, fresh] = params.emplace(name, std::move(v));
+      LOOM_CHECK(fresh || std::memcmp(it->second.data(), blob.data() + at - sizes[1] * 4,
+                                      sizes[1] * sizeof(float)) == 0,
+                 "verify: pipeline stage " + std::to_string(s) + "'s copy of the tied " + name +
+                     " differs from the first stage's");
+    }
+  }
+}
+
 }  // namespace
 
 RunRecord record_run(Trainer& t, int64_t steps) {
@@ -37,14 +80,18 @@ RunRecord record_run(Trainer& t, int64_t steps) {
     r.grad_norms.push_back(st.grad_norm);
   }
   r.eval_losses.push_back(t.evaluate());
-  // Full tensors on world rank 0: ZeRO-3 pieces gathered over dp, then shards over tp.
+  // Full tensors on world rank 0: ZeRO-3 pieces gathered over dp, then shards over tp,
+  // then every pipeline stage's.
   t.engine().gather_all(0);
   if (t.mesh().dp_rank() == 0) {
     nn::FullTensors full(t.model().params(), t.tensor_parallel());
-    if (t.mesh().world().rank() == 0)
+    if (t.mesh().tp_rank() == 0) {
       for (auto& p : t.model().params().all())
         if (p->trainable)
           r.params[p->name].assign(p->value.f32(), p->value.f32() + p->value.numel());
+      gather_stages(t.mesh().pp(), r.params);
+      if (t.mesh().world().rank() != 0) r.params.clear();
+    }
   }
   t.engine().release_all();
   return r;
@@ -53,6 +100,7 @@ RunRecord record_run(Trainer& t, int64_t steps) {
 nlohmann::json one_process_config(const TrainConfig& cfg) {
   nlohmann::json j = cfg.raw;
   j.erase("tensor_parallel");
+  j.erase("pipeline_parallel");
   j["train_micro_batch_size_per_gpu"] = cfg.micro_batch;
   j["gradient_accumulation_steps"] = cfg.grad_accum * cfg.data_parallel;
   j["train_batch_size"] = cfg.train_batch;
@@ -111,9 +159,14 @@ VerifyReport verify(const TrainConfig& cfg, dist::ProcessMesh& mesh, int64_t ste
              "verify: --steps must be between 1 and train_steps (" +
                  std::to_string(cfg.train_steps) + ")");
   RunRecord job;
+  trace::enable(!cfg.trace_path.empty());  // the job's run, not the reference's
   {
     Trainer t(cfg, nullptr, &mesh);
     job = record_run(t, steps);
+  }
+  if (trace::enabled()) {
+    dist::write_job_trace(mesh, cfg.trace_path);
+    trace::enable(false);
   }
   // The reference on rank 0 while the others sleep; then everyone leaves together.
   RunRecord one;
@@ -130,11 +183,13 @@ VerifyReport verify(const TrainConfig& cfg, dist::ProcessMesh& mesh, int64_t ste
 
   const VerifyReport rep = compare_runs(job, one, rtol);
   std::printf(
-      "loom verify: %d ranks (data parallel %d x tensor parallel %d%s) at ZeRO stage %d vs "
+      "loom verify: %d ranks (data parallel %d x tensor parallel %d%s x pipeline parallel %d%s) "
+      "at ZeRO stage %d vs "
       "one process, %lld steps, global batch %lld (%lld per micro-batch, accumulation %lld on "
       "the job, %lld on one process)\n",
       world, cfg.data_parallel, cfg.tensor_parallel,
-      cfg.sequence_parallel ? ", sequence parallel" : "", cfg.zero.stage,
+      cfg.sequence_parallel ? ", sequence parallel" : "", cfg.pipeline.size,
+      cfg.pipeline.size > 1 ? (" " + cfg.pipeline.schedule).c_str() : "", cfg.zero.stage,
       static_cast<long long>(steps), static_cast<long long>(cfg.train_batch),
       static_cast<long long>(cfg.micro_batch), static_cast<long long>(cfg.grad_accum),
       static_cast<long long>(cfg.grad_accum * cfg.data_parallel));

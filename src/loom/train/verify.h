@@ -55,7 +55,8 @@ struct VerifyReport {
 VerifyReport compare_runs(const RunRecord& got, const RunRecord& want, double rtol);
 
 // The whole command on the job's mesh: returns the report on world rank 0 (and an empty one
-// elsewhere) after printing the comparison to stdout on rank 0.
+// elsewhere) after printing the comparison to stdout on rank 0. With cfg.trace_path, the
+// job's run (not the one-process reference) is written there as a schedule trace.
 VerifyReport verify(const TrainConfig& cfg, dist::ProcessMesh& mesh, int64_t steps, double rtol);
 
 }  // namespace loom::train

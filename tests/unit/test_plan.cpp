@@ -1,0 +1,161 @@
+// loom plan beyond the ZeRO table: each pipeline stage's bytes per rank against hand
+// arithmetic (a small GPT-2, and Llama-2-70B's shapes at tp8 x pp8 x dp8, planned without
+// allocating its parameters), and the layout search: fastest first, only what fits, the
+// global batch kept, and a clear error when nothing fits.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "common/test_util.h"
+#include "loom/io/hf_checkpoint.h"
+#include "loom/train/plan.h"
+
+namespace loom {
+namespace {
+
+nlohmann::json small_gpt2() {
+  return {{"model",
+           {{"arch", "gpt2"},
+            {"n_layer", 4},
+            {"n_embd", 64},
+            {"n_head", 4},
+            {"vocab_size", 256},
+            {"n_positions", 64}}},
+          {"data", {{"path", "unused.txt"}, {"seq_len", 16}}},
+          {"train_batch_size", 16}};
+}
+
+// GPT-2 (4 layers, d 64, 4 heads, vocabulary 256) on 4 ranks = 2 data-parallel x 2 stages,
+// ZeRO-1, micro-batch 2 x 16 tokens, 4 per step, 1F1B. By hand:
+//   block: ln_1 128 + c_attn 192x64 + 192 + c_proj 64x64 + 64 + ln_2 128 + c_fc 256x64 + 256
+//          + c_proj 64x256 + 64 = 49,984 parameters
+//   stage 0: wte 256x64 + wpe 64x64 (one unit, 20,480) + 2 blocks = 120,448
+//   stage 1: 2 blocks + ln_f 128 + the tied head's copy of wte 16,384 = 116,480
+//   ZeRO-1 over 2: weights and gradients whole, AdamW's two moments of the shard
+//   (sum over units of ceil(unit / 2)), buffers 4 x (shard + every unit padded: all may be
+//   staged for their reduce-scatters at once), and MPI's temporary of every unit besides
+//   in flight under 1F1B: min(p - r, m) = 2 on stage 0, 1 on stage 1
+//   activations (GPT2::activation_bytes, N = 32 tokens, C 64, H 256): per layer
+//   N (6C + 4C + 2H) + B heads T^2 = 38,912 floats, scratch N (5C + 4C + 2H) = 34,816, the
+//   stream N 2C = 4,096, logits N V = 8,192 on the last stage
+TEST(Plan, PipelineStagesMatchHandArithmetic) {
+  nlohmann::json j = small_gpt2();
+  j["pipeline_parallel"] = {{"size", 2}, {"schedule", "1f1b"}};
+  j["zero_optimization"] = {{"stage", 1}};
+  j["train_micro_batch_size_per_gpu"] = 2;
+  const train::LayoutPlan plan = train::plan_layout(train::parse_config(j, "test", 4), 4);
+  ASSERT_EQ(plan.stages.size(), 2u);
+  const train::StagePlan &s0 = plan.stages[0], &s1 = plan.stages[1];
+  EXPECT_EQ(s0.layers, "0-1");
+  EXPECT_EQ(s1.layers, "2-3");
+  EXPECT_EQ(s0.state.params, 4 * 120448);
+  EXPECT_EQ(s0.state.grads, 4 * 120448);
+  EXPECT_EQ(s1.state.params, 4 * 116480);
+  const int64_t shard0 = 10240 + 2 * 24992, shard1 = 2 * 24992 + 64 + 8192;
+  EXPECT_EQ(s0.state.optimizer, 8 * shard0);
+  EXPECT_EQ(s1.state.optimizer, 8 * shard1);
+  EXPECT_EQ(s0.state.buffers, 4 * (shard0 + 120448));
+  EXPECT_EQ(s0.in_flight, 2);
+  EXPECT_EQ(s1.in_flight, 1);
+  EXPECT_EQ(s0.activation_bytes, 4 * (2 * 38912 + 34816 + 4096));
+  EXPECT_EQ(s1.activation_bytes, 4 * (2 * 38912 + 34816 + 4096 + 8192));
+  EXPECT_EQ(s0.peak_bytes, train::calibration().process_bytes + 4 * 120448 * 2 + 8 * shard0 +
+                               4 * (shard0 + 120448) + 4 * 120448 + 2 * s0.activation_bytes);
+  EXPECT_EQ(plan.peak_bytes, std::max(s0.peak_bytes, s1.peak_bytes));
+  // GPipe holds every micro-batch on every stage.
+  j["pipeline_parallel"]["schedule"] = "gpipe";
+  const train::LayoutPlan gpipe = train::plan_layout(train::parse_config(j, "test", 4), 4);
+  EXPECT_EQ(gpipe.stages[0].in_flight, 4);
+  EXPECT_EQ(gpipe.stages[1].in_flight, 4);
+  const std::string r = train::plan_report(train::parse_config(j, "test", 4), 4);
+  EXPECT_NE(r.find("0-1 (2)"), std::string::npos) << r;
+  EXPECT_NE(r.find("x 4"), std::string::npos) << r;
+}
+
+// Llama-2-70B's config.json alone (tests/fixtures/llama2_70b: no weights) at 512 ranks as
+// tp8 x pp8 x dp8, ZeRO-1, 1F1B, 128 micro-batches per step. Per tp rank of stage 0
+// (layers 0-9): the embedding's 32000 / 8 rows x 8192 = 32,768,000; per layer q and o
+// 8192 x 1024 each, k and v one of the 8 KV heads 128 x 8192 each, the MLP 3 x 8192 x 3584,
+// the norms 2 x 8192 = 106,971,136; so 1,102,479,360 parameters, 4,409,917,440 bytes of fp32
+// weights. The last stage holds the final norm and the untied head's 4000 rows instead of
+// the embedding. Planned without allocating any of it.
+TEST(Plan, Llama2_70BAtTp8Pp8Dp8) {
+  nlohmann::json j = io::read_json_file(test::source_dir() / "configs/plan-llama2-70b.json");
+  j["model"] = (test::fixture_dir() / "llama2_70b").string();
+  const train::TrainConfig cfg = train::parse_config(j, "plan-llama2-70b.json", 512);
+  const int64_t live = storage_stats().live_bytes;
+  reset_storage_peak();
+  const train::LayoutPlan plan = train::plan_layout(cfg, 512);
+  EXPECT_LT(storage_stats().peak_bytes - live, 1 << 20) << "the plan allocated parameters";
+  ASSERT_EQ(plan.stages.size(), 8u);
+  const int64_t layer = 2 * 8192 * 1024 + 2 * 128 * 8192 + 3 * 8192 * 3584 + 2 * 8192;
+  EXPECT_EQ(layer, 106971136);
+  EXPECT_EQ(plan.stages[0].state.params, 4409917440);
+  EXPECT_EQ(plan.stages[0].state.params, 4 * (32768000 + 10 * layer));
+  EXPECT_EQ(plan.stages[3].state.params, 4 * 10 * layer);
+  EXPECT_EQ(plan.stages[7].state.params, 4 * (10 * layer + 8192 + 32768000));
+  // ZeRO-1 over 8: AdamW's moments are an eighth (every unit divides by 8).
+  EXPECT_EQ(plan.stages[0].state.optimizer, 4409917440 / 8 * 2);
+  EXPECT_EQ(plan.stages[0].state.grads, 4409917440);
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(plan.stages[r].in_flight, 8 - r) << "stage " << r;
+  EXPECT_EQ(plan.stages[0].layers, "0-9");
+  EXPECT_EQ(plan.stages[7].layers, "70-79");
+}
+
+TEST(Plan, LayoutsFastestFirstKeepTheGlobalBatch) {
+  const train::TrainConfig cfg = train::parse_config(small_gpt2(), "test", 1);
+  const std::vector<train::LayoutPlan> all = train::runnable_layouts(cfg, 4);
+  ASSERT_GT(all.size(), 10u);
+  std::set<std::pair<int, int>> tp_pp;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const train::Layout& l = all[i].layout;
+    EXPECT_EQ(l.dp * l.tp * l.pp, 4);
+    EXPECT_EQ(l.micro * l.accum * l.dp, 16) << l.str();
+    EXPECT_TRUE(l.zero == 0 || l.dp > 1) << l.str();
+    if (i > 0) {
+      EXPECT_LE(all[i - 1].time.total, all[i].time.total) << i;
+    }
+    tp_pp.insert({l.tp, l.pp});
+  }
+  // Every split of 4 ranks the model takes (4 heads, 4 layers).
+  EXPECT_EQ(tp_pp.size(), 6u);
+  // With 6 heads, tp 4 cannot split them.
+  nlohmann::json j = small_gpt2();
+  j["model"]["n_head"] = 6;
+  j["model"]["n_embd"] = 96;
+  for (const auto& p : train::runnable_layouts(train::parse_config(j, "test", 1), 4))
+    EXPECT_NE(p.layout.tp, 4) << p.layout.str();
+}
+
+// The report lists exactly the layouts whose estimate fits, and names the fastest of them.
+TEST(Plan, ReportListsOnlyWhatFits) {
+  const train::TrainConfig cfg = train::parse_config(small_gpt2(), "test", 1);
+  const std::vector<train::LayoutPlan> all = train::runnable_layouts(cfg, 4);
+  std::vector<int64_t> peaks;
+  for (const auto& p : all) peaks.push_back(p.peak_bytes);
+  std::sort(peaks.begin(), peaks.end());
+  const int64_t budget = peaks[peaks.size() / 2];  // about half fit
+  size_t fit = 0;
+  const train::LayoutPlan* fastest = nullptr;
+  for (const auto& p : all) {
+    if (p.peak_bytes > budget) continue;
+    ++fit;
+    if (!fastest) fastest = &p;
+  }
+  ASSERT_LT(fit, all.size());
+  const std::string r = train::layouts_report(cfg, 4, budget / 1073741824.0);
+  EXPECT_NE(r.find(std::to_string(fit) + " of " + std::to_string(all.size()) + " layouts fit"),
+            std::string::npos)
+      << r;
+  EXPECT_NE(r.find("the fastest: " + fastest->layout.overrides() + "\n"), std::string::npos) << r;
+}
+
+TEST(Plan, TinyBudgetNamesTheSmallestLayout) {
+  const train::TrainConfig cfg = train::parse_config(small_gpt2(), "test", 1);
+  const std::string e = test::error_of([&] { train::layouts_report(cfg, 4, 0.001); });
+  EXPECT_NE(e.find("no layout of 4 ranks fits in 0.001 GiB per rank"), std::string::npos) << e;
+  EXPECT_NE(e.find("the smallest estimate is"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace loom
