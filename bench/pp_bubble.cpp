@@ -7,9 +7,11 @@
 // traced step too: it begins as unevenly as the warm-up's first-touch optimizer ended);
 // bench/pp_bubble.sh runs the grid.
 //   pp_bubble --schedule gpipe|1f1b --m M --out FILE [--warmup N] [--steps N] [--seq T]
-//             [--layers a,b,..]
+//             [--layers a,b,..] [--vocab V]
 // --layers: layers per stage (default: uniform). The head (a 768 x 50257 GEMM, ~5 layers'
-// FLOPs at T = 256) makes the last stage heavy under a uniform cut.
+// FLOPs at T = 256) makes the last stage heavy under a uniform cut. --vocab (default 50257)
+// shrinks the head: at 768 it weighs ~8% of a layer, so a 6/6 cut gives equal stages, the
+// case the bubble formula describes.
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -25,7 +27,7 @@
 
 int main(int argc, char** argv) {
   std::string schedule = "1f1b", out, layers;
-  int64_t m = 4, warmup = 1, steps = 3, T = 256;
+  int64_t m = 4, warmup = 1, steps = 3, T = 256, V = 50257;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--schedule")
@@ -42,17 +44,18 @@ int main(int argc, char** argv) {
       out = v;
     else if (k == "--layers")
       layers = v;
+    else if (k == "--vocab")
+      V = std::atoll(v.c_str());
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
     }
   }
-  if (out.empty() || m < 1 || warmup < 0 || steps < 1) {
+  if (out.empty() || m < 1 || warmup < 0 || steps < 1 || V < 2) {
     std::fprintf(stderr, "usage: pp_bubble --schedule S --m M --out FILE [--steps N] [--seq T]\n");
     return 2;
   }
   std::unique_ptr<loom::dist::Communicator> world = loom::dist::make_world_communicator();
-  const int64_t V = 50257;
   loom::train::TrainConfig cfg;
   cfg.model = {{"arch", "gpt2"}, {"n_layer", 12},   {"n_embd", 768},
                {"n_head", 12},   {"vocab_size", V}, {"n_positions", 1024}};

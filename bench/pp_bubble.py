@@ -2,7 +2,7 @@
 """Idle time per pipeline stage from Loom schedule traces (dist/job_trace.h), against the
 bubble fraction (p - 1) / (m + p - 1) of GPipe and 1F1B.
 
-  python3 bench/pp_bubble.py TRACE.json [...]      (names like trace-<schedule>-m<M>.json)
+  python3 bench/pp_bubble.py TRACE.json [...]  (names like trace-<model>-<schedule>-m<M>.json)
 
 For every rank (one track per rank; the first traced step is left out: it begins as
 unevenly as the step before it ended, e.g. a warm-up with the optimizer's first touch):
@@ -12,9 +12,17 @@ unevenly as the step before it ended, e.g. a warm-up with the optimizer's first 
                 the window being from the step's first forward to its last backward over
                 all ranks. With equal stages and free communication the bubble theory
                 predicts exactly this: each rank busy m (tf + tb) of (m + p - 1)(tf + tb).
-Prints one row per trace: schedule, m, both idle fractions per stage, their means and each
-mean's ratio to theory; also each stage's mean F + B time per micro-batch (the stages'
-balance, which the theory assumes).
+  predicted   = the same schedule with stage r taking its measured t_r (F + B per micro-
+                batch) and free communication: the passes end after
+                W = sum_r t_r + (m - 1) max_r t_r, stage r idle 1 - m t_r / W; with equal
+                stages this is (p - 1) / (m + p - 1), and the gap between the two is what
+                unequal stages cost, not the schedule.
+  slowest     = the window idle of the stage with the largest t_r: the pipeline runs at that
+                stage's pace, so its idle is what the step loses to the schedule (the
+                bubble); a faster stage idles that plus its lead over the slowest.
+Prints one row per trace: model, schedule, m, the idle fractions per stage, their means,
+the window mean's ratio to theory and to the prediction, the slowest stage's window idle
+against theory, and each stage's t_r.
 """
 import json
 import re
@@ -90,23 +98,35 @@ def main(paths):
     rows = []
     for path in paths:
         r = analyse(path)
-        name = re.search(r"trace-([a-z0-9]+)-m(\d+)", path)
-        r["schedule"] = name.group(1) if name else path
+        name = re.search(r"trace-(?:([a-z0-9]+)-)?([a-z0-9]+)-m(\d+)", path)
+        r["model"] = (name.group(1) or "") if name else ""
+        r["schedule"] = name.group(2) if name else path
         rows.append(r)
-    print("| schedule | m | step idle per stage (mean) | / theory | pass-window idle per stage"
-          " (mean) | / theory | theory (p-1)/(m+p-1) | F+B ms per micro-batch per stage |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| model | schedule | m | step idle per stage (mean) | pass-window idle per stage"
+          " (mean) | theory (p-1)/(m+p-1) | window / theory | predicted from t_r (mean) |"
+          " window / predicted | slowest stage's window idle / theory |"
+          " t_r = F+B ms per micro-batch |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        theory = (r["p"] - 1) / (r["m"] + r["p"] - 1)
+        p, m = r["p"], r["m"]
+        theory = (p - 1) / (m + p - 1)
+        t = r["ms_per_micro"]
+        window = sum(t) + (m - 1) * max(t)
+        predicted = [1 - m * x / window for x in t]
+        slowest = t.index(max(t))
         s, w = r["step_idle"], r["window_idle"]
-        ms, mw = sum(s) / len(s), sum(w) / len(w)
+
+        def mean(v):
+            return sum(v) / len(v)
 
         def fmt(v):
-            return " / ".join(f"{x:.3f}" for x in v)
+            return " / ".join(f"{x:.3f}" for x in v) + f" ({mean(v):.3f})"
 
-        print(f"| {r['schedule']} | {r['m']} | {fmt(s)} ({ms:.3f}) | {ms / theory:.2f} | "
-              f"{fmt(w)} ({mw:.3f}) | {mw / theory:.2f} | {theory:.3f} | "
-              f"{' / '.join(f'{x:.0f}' for x in r['ms_per_micro'])} |")
+        print(f"| {r['model']} | {r['schedule']} | {m} | {fmt(s)} | {fmt(w)} | {theory:.3f} | "
+              f"{mean(w) / theory:.2f} | {fmt(predicted)} | {mean(w) / mean(predicted):.2f} | "
+              f"{w[slowest]:.3f} / {theory:.3f} = {w[slowest] / theory:.2f} | "
+              f"{' / '.join(f'{x:.0f}' for x in t)} |")
+
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
