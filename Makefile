@@ -15,7 +15,7 @@ FUZZ_TIMEOUT ?= 30
 # Which targets to run (fuzz/fuzz_NAME.cpp), e.g. `make fuzz FUZZ_TARGETS=gguf`.
 FUZZ_TARGETS ?= $(patsubst fuzz/fuzz_%.cpp,%,$(wildcard fuzz/fuzz_*.cpp))
 
-.PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench bench-tp bench-pp bench-plan \
+.PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench bench-tp bench-pp bench-plan bench-gemm \
   fixtures check-demo-checkpoint fuzz fuzz-smoke format clean
 
 all: build
@@ -57,7 +57,7 @@ test: build build-asan
 # plugins') at exit.
 test-asan:
 	ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=1 $(ASAN_BUILD)/loom_unit_tests \
-	  --gtest_filter='Safetensors*:Config*:Trace*:Schedule*:CliErrors*:Checkpoint*:KernelGrad*:ModuleGrad*:LlamaGrad*:Conversation*:ChatTemplates*:Generate*:Packing*:Gguf*:SftDataset*:Tokenizer*:Peft*:QMatmul*:TrainPeft*:Dist*:ZeroPlan*:Plan*:Pipeline*'
+	  --gtest_filter='Safetensors*:Config*:Bf16*:LossScaler*:Trace*:Schedule*:CliErrors*:Checkpoint*:KernelGrad*:ModuleGrad*:LlamaGrad*:Conversation*:ChatTemplates*:Generate*:Packing*:Gguf*:SftDataset*:Tokenizer*:Peft*:QMatmul*:TrainPeft*:Dist*:ZeroPlan*:Plan*:Pipeline*'
 	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
 	  --bind-to none -np 2 $(ASAN_BUILD)/test_collectives
 	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
@@ -80,6 +80,12 @@ bench-tp: build
 # m = 2, 4, 8 on pp2, against the bubble (p - 1) / (m + p - 1) (bench/pp_bubble.sh; mpirun).
 bench-pp: build
 	bash bench/pp_bubble.sh $(BUILD)
+
+# bf16 GEMM (oneDNN on native bf16, and the widening fallback) against OpenBLAS sgemm on
+# GPT-2 124M's layer products, 1024 tokens, 2 threads then 1 (bench/gemm_bf16.cpp).
+bench-gemm: build
+	OMP_NUM_THREADS=2 $(BUILD)/gemm_bf16 --tokens 1024
+	OMP_NUM_THREADS=1 $(BUILD)/gemm_bf16 --tokens 1024 --reps 3
 
 # loom plan's estimates against real runs: GPT-2 124M and the default model at 2, 4 and 8
 # ranks, each in the fastest layout `loom plan --memory-per-rank` finds (bench/plan_check.sh;

@@ -3,8 +3,8 @@
 # are present. Runs as root (CI and the dev machines) or through sudo.
 set -euo pipefail
 # --fuzz adds clang and its libFuzzer runtime (for `make fuzz`).
-pkgs=(cmake g++ make pkg-config libopenblas-openmp-dev nlohmann-json3-dev libgtest-dev openmpi-bin
-      libopenmpi-dev)
+pkgs=(cmake g++ make pkg-config libopenblas-openmp-dev libdnnl-dev nlohmann-json3-dev libgtest-dev
+      openmpi-bin libopenmpi-dev)
 [ "${1:-}" = "--fuzz" ] && pkgs+=(clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,0 +1,15 @@
+#include "loom/kernels/cpu/bf16.h"
+
+namespace loom::kernels {
+
+void to_bf16(const float* x, bf16* y, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) y[i] = to_bf16(x[i]);
+}
+
+void from_bf16(const bf16* x, float* y, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) y[i] = from_bf16(x[i]);
+}
+
+}  // namespace loom::kernels

@@ -1,0 +1,176 @@
+#include "loom/kernels/cpu/matmul_bf16.h"
+
+#include <cblas.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "loom/util/error.h"
+#include "loom/util/profile.h"
+
+#ifdef LOOM_HAVE_DNNL
+#include "oneapi/dnnl/dnnl.hpp"
+#endif
+
+namespace loom::kernels {
+namespace {
+
+#ifdef LOOM_HAVE_DNNL
+// One CPU engine and stream per process; primitives cached per problem (oneDNN's own cache
+// saves the kernel generation, this one the descriptor work on every call).
+struct Dnnl {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float>;
+  std::map<Key, dnnl::matmul> cache;
+  std::mutex mu;
+};
+
+Dnnl& dnnl_ctx() {
+  static Dnnl d;
+  return d;
+}
+
+// A logical [rows, cols] operand stored row-major with leading dimension ld, or (trans) its
+// transpose stored [cols, ld].
+dnnl::memory::desc operand(int64_t rows, int64_t cols, bool trans, int64_t ld,
+                           dnnl::memory::data_type dt) {
+  const dnnl::memory::dims strides = trans ? dnnl::memory::dims{1, ld} : dnnl::memory::dims{ld, 1};
+  return dnnl::memory::desc({rows, cols}, dt, strides);
+}
+
+void gemm_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
+                 const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  using dt = dnnl::memory::data_type;
+  Dnnl& d = dnnl_ctx();
+  const auto a_md = operand(M, K, ta, lda, dt::bf16);
+  const auto b_md = operand(K, N, tb, ldb, dt::bf16);
+  const auto c_md = operand(M, N, false, ldc, dt::f32);
+  dnnl::matmul prim;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    const Dnnl::Key key{ta, tb, M, N, K, lda, ldb, ldc, beta};
+    auto it = d.cache.find(key);
+    if (it == d.cache.end()) {
+      dnnl::primitive_attr attr;
+      if (beta != 0.0f) {
+        dnnl::post_ops ops;
+        ops.append_sum(beta);  // C = A B + beta C
+        attr.set_post_ops(ops);
+      }
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, d.eng);
+      it = d.cache.emplace(key, dnnl::matmul(pd)).first;
+    }
+    prim = it->second;
+  }
+  dnnl::memory a(a_md, d.eng, const_cast<bf16*>(A));
+  dnnl::memory b(b_md, d.eng, const_cast<bf16*>(B));
+  dnnl::memory c(c_md, d.eng, C);
+  prim.execute(d.strm, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  d.strm.wait();
+}
+#endif
+
+// Elements a row-major [rows, cols] operand with leading dimension ld spans.
+int64_t extent(int64_t rows, int64_t cols, int64_t ld) {
+  return rows == 0 ? 0 : (rows - 1) * ld + cols;
+}
+
+void gemm_fallback(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
+                   const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  thread_local std::vector<float> a, b;
+  a.resize(static_cast<size_t>(ta ? extent(K, M, lda) : extent(M, K, lda)));
+  b.resize(static_cast<size_t>(tb ? extent(N, K, ldb) : extent(K, N, ldb)));
+  from_bf16(A, a.data(), static_cast<int64_t>(a.size()));
+  from_bf16(B, b.data(), static_cast<int64_t>(b.size()));
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+              K, 1.0f, a.data(), lda, b.data(), ldb, beta, C, ldc);
+}
+
+bool cpu_has_bf16() {
+#ifdef LOOM_HAVE_DNNL
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+#else
+  return false;
+#endif
+}
+
+Bf16Gemm& chosen() {
+  static Bf16Gemm b = [] {
+    const char* env = std::getenv("LOOM_BF16_GEMM");
+    if (env && std::strcmp(env, "fallback") == 0) return Bf16Gemm::fallback;
+    return cpu_has_bf16() ? Bf16Gemm::onednn : Bf16Gemm::fallback;
+  }();
+  return b;
+}
+
+}  // namespace
+
+bool bf16_native() { return cpu_has_bf16(); }
+
+Bf16Gemm bf16_gemm_backend() { return chosen(); }
+
+void set_bf16_gemm_backend(Bf16Gemm b) {
+  LOOM_CHECK(b == Bf16Gemm::fallback || bf16_native(),
+             "bf16 GEMM: oneDNN's native kernels are not available here (" +
+                 bf16_gemm_description() + ")");
+  chosen() = b;
+}
+
+std::string bf16_gemm_description() {
+#ifdef LOOM_HAVE_DNNL
+  const dnnl_version_t* v = dnnl_version();
+  const std::string lib = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
+                          "." + std::to_string(v->patch);
+  if (chosen() == Bf16Gemm::onednn) return lib + " matmul (native bf16 dot products)";
+  return cpu_has_bf16() ? "fp32 OpenBLAS sgemm on widened operands (LOOM_BF16_GEMM=fallback)"
+                        : "fp32 OpenBLAS sgemm on widened operands (this CPU has no avx512_bf16; " +
+                              lib + " would emulate it)";
+#else
+  return "fp32 OpenBLAS sgemm on widened operands (built without oneDNN)";
+#endif
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
+               int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  prof::ScopedPhase ph(prof::Phase::Gemm);
+#ifdef LOOM_HAVE_DNNL
+  if (chosen() == Bf16Gemm::onednn) {
+    gemm_onednn(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+#endif
+  gemm_fallback(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
+
+void matmul_forward_bf16(float* out, const bf16* inp, const bf16* W, const float* b, int64_t N,
+                         int64_t C, int64_t OC) {
+  float beta = 0.0f;
+  if (b) {
+    for (int64_t n = 0; n < N; ++n) std::memcpy(out + n * OC, b, OC * sizeof(float));
+    beta = 1.0f;
+  }
+  gemm_bf16(false, true, N, OC, C, inp, C, W, C, beta, out, OC);
+}
+
+void matmul_backward_bf16(float* dinp, float* dW, float* db, const bf16* dout, const bf16* inp,
+                          const bf16* W, int64_t N, int64_t C, int64_t OC) {
+  if (dinp) gemm_bf16(false, false, N, C, OC, dout, OC, W, C, 1.0f, dinp, C);
+  if (dW) gemm_bf16(true, false, OC, C, N, dout, OC, inp, C, 1.0f, dW, C);
+  if (db) {
+#pragma omp parallel for schedule(static)
+    for (int64_t o = 0; o < OC; ++o) {
+      float s = 0.0f;
+      for (int64_t n = 0; n < N; ++n) s += from_bf16(dout[n * OC + o]);
+      db[o] += s;
+    }
+  }
+}
+
+}  // namespace loom::kernels
