@@ -14,6 +14,7 @@
 
 #include "loom/models/peft.h"
 #include "loom/optim/adamw.h"
+#include "loom/optim/loss_scaler.h"
 #include "loom/optim/schedule.h"
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/zero.h"
@@ -58,6 +59,14 @@ struct TrainConfig {
   int tensor_parallel = 1;            // tensor_parallel.size
   bool sequence_parallel = false;     // tensor_parallel.sequence_parallel
   parallel::PipelineConfig pipeline;  // pipeline_parallel
+  // Mixed precision, DeepSpeed's sections: "bf16" {enabled}, "fp16" {enabled, loss_scale,
+  // initial_scale_power, loss_scale_window, hysteresis, consecutive_hysteresis,
+  // min_loss_scale} and "data_types" {grad_accum_dtype}. Parsed and checked in full;
+  // training runs fp32 until the bf16/fp16 step lands, so enabled: true is refused by name.
+  enum class Precision { fp32, bf16, fp16 };
+  Precision precision = Precision::fp32;
+  optim::LossScaleConfig loss_scale;  // fp16's keys
+  std::string grad_accum_dtype = "fp32";
   int data_parallel = 1;  // world / (tensor_parallel x pipeline.size): train_batch's rule uses it
   int64_t checkpoint_interval = 0;  // steps between checkpoints (0: only the final one)
   std::string resume_from;          // a checkpoint folder to continue from
