@@ -117,6 +117,25 @@ TEST_F(CliErrors, PipelineLayouts) {
                  "unknown config key 'pipeline_parallel.stages'");
 }
 
+// Mixed precision: both enabled, unknown keys, and (until the step lands) training with
+// either enabled fail by name with nothing written; loom plan plans them.
+TEST_F(CliErrors, MixedPrecisionKeys) {
+  const std::string cfg =
+      config("{\"arch\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 8, \"n_head\": 2}");
+  expect_failure(run("train " + cfg + " --set fp16.enabled=true --set bf16.enabled=true"),
+                 "'bf16.enabled' and 'fp16.enabled' are both true");
+  expect_failure(run("train " + cfg + " --set fp16.initial_scale=8"),
+                 "unknown config key 'fp16.initial_scale'");
+  expect_failure(run("train " + cfg + " --set bf16.loss_scale=0"),
+                 "unknown config key 'bf16.loss_scale'");
+  expect_failure(run("train " + cfg + " --set data_types.grad_accum_dtype=fp8"),
+                 "'data_types.grad_accum_dtype'");
+  expect_failure(run("train " + cfg + " --set bf16.enabled=true"), "'bf16.enabled'");
+  const Result plan = run("plan " + cfg + " --world 1 --set bf16.enabled=true");
+  EXPECT_EQ(plan.code, 0) << plan.output;
+  EXPECT_NE(plan.output.find("bf16"), std::string::npos) << plan.output;
+}
+
 // --memory-per-rank: a positive number of GiB, with the world it lays out (usage errors:
 // exit 2, naming the option); a budget nothing fits names the smallest estimate (exit 1).
 TEST_F(CliErrors, PlanMemoryPerRank) {

@@ -72,6 +72,50 @@ TEST(Plan, PipelineStagesMatchHandArithmetic) {
   EXPECT_NE(r.find("x 4"), std::string::npos) << r;
 }
 
+// The ZeRO paper's Figure 1 (Rajbhandari et al. 2020): a 7.5B-parameter model on 64
+// devices with mixed-precision Adam holds 2 + 2 + K = 16 bytes per parameter (K = 12: fp32
+// master weights and both moments) -> 120 GB without ZeRO, 2Ψ + 2Ψ + KΨ/64 = 31.4 GB at
+// stage 1, 2Ψ + 14Ψ/64 = 16.6 GB at stage 2, 16Ψ/64 = 1.9 GB at stage 3. The model is a
+// GPT-2 config.json alone (tests/fixtures/gpt2_7.5b: 36 layers of d 4096 = 7,249,674,240,
+// the tied 59,050-row vocabulary and 2048 positions x 4096, the final norm: Ψ =
+// 7,499,939,840), planned in fp16 and in bf16 with 16-bit gradients (the paper's), and with
+// fp32 gradient accumulation (Loom's default: 4-byte gradients).
+TEST(Plan, ZeroPaperFigureOneAt7_5B) {
+  const int64_t psi = 36 * (12LL * 4096 * 4096 + 13 * 4096) + (59050 + 2048) * 4096LL + 2 * 4096;
+  EXPECT_EQ(psi, 7499939840);
+  for (const char* precision : {"fp16", "bf16"}) {
+    nlohmann::json j = small_gpt2();
+    j["model"] = (test::fixture_dir() / "gpt2_7.5b").string();
+    j["data"]["seq_len"] = 1024;
+    j["train_batch_size"] = 64;
+    j[precision] = {{"enabled", true}};
+    j["data_types"] = {{"grad_accum_dtype", precision}};
+    const double paper[] = {120.0, 31.4, 16.6, 1.9};
+    for (int stage = 0; stage <= 3; ++stage) {
+      j["zero_optimization"] = {{"stage", stage}};
+      const train::LayoutPlan plan = train::plan_layout(train::parse_config(j, "test", 64), 64);
+      const parallel::ZeroMemory& m = plan.stages[0].state;
+      // Exactly the paper's arithmetic on this Ψ, up to ZeRO's padding of each unit to a
+      // multiple of 64 elements (under 64 elements per unit).
+      const double sharded = 16.0 * psi / 64, whole[] = {16.0 * psi, 4.0 * psi, 2.0 * psi, 0};
+      const double expect = whole[stage] + (stage == 0 ? 0 : sharded - whole[stage] / 64);
+      EXPECT_NEAR(static_cast<double>(m.model_state()), expect, 16.0 * 64 * 40)
+          << precision << " stage " << stage;
+      EXPECT_NEAR(m.model_state() / 1e9, paper[stage], 0.05) << precision << " stage " << stage;
+    }
+    j["zero_optimization"] = {{"stage", 0}};
+    const std::string r = train::plan_report(train::parse_config(j, "test", 64), 64);
+    EXPECT_NE(r.find("model state per rank in GB (10^9 bytes): stage 0 120.0, stage 1 31.4, "
+                     "stage 2 16.6, stage 3 1.9"),
+              std::string::npos)
+        << r;
+    // Loom's default accumulates gradients in fp32: 4-byte gradients, 18 bytes per parameter.
+    j["data_types"] = {{"grad_accum_dtype", "fp32"}};
+    const train::LayoutPlan p32 = train::plan_layout(train::parse_config(j, "test", 64), 64);
+    EXPECT_NEAR(p32.stages[0].state.model_state() / 1e9, 18.0 * psi / 1e9, 0.05);
+  }
+}
+
 // Llama-2-70B's config.json alone (tests/fixtures/llama2_70b: no weights) at 512 ranks as
 // tp8 x pp8 x dp8, ZeRO-1, 1F1B, 128 micro-batches per step. Per tp rank of stage 0
 // (layers 0-9): the embedding's 32000 / 8 rows x 8192 = 32,768,000; per layer q and o

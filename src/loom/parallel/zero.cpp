@@ -35,7 +35,7 @@ int64_t ZeroPartition::piece_end(size_t u) const {
   return std::min(unit_len[u], (rank + 1) * piece[u]);
 }
 
-ZeroMemory ZeroPartition::memory(int stage, int64_t frozen_bytes) const {
+ZeroMemory ZeroPartition::memory(int stage, int64_t frozen_bytes, const StateBytes& b) const {
   int64_t total = 0;
   std::vector<int64_t> padded;
   for (size_t u = 0; u < unit_len.size(); ++u) {
@@ -46,11 +46,11 @@ ZeroMemory ZeroPartition::memory(int stage, int64_t frozen_bytes) const {
   padded.resize(std::max<size_t>(padded.size(), 3), 0);
   const int64_t all_padded = std::accumulate(padded.begin(), padded.end(), int64_t{0}),
                 top3 = padded[0] + padded[1] + padded[2];
-  const int64_t f = sizeof(float);
+  const int64_t f = b.comm;  // the buffers hold what is communicated
   ZeroMemory m;
-  m.params = frozen_bytes + f * (stage >= 3 ? shard_len : total);
-  m.grads = f * (stage >= 2 ? shard_len : total);
-  m.optimizer = 2 * f * (stage >= 1 ? shard_len : total);
+  m.params = frozen_bytes + b.param * (stage >= 3 ? shard_len : total);
+  m.grads = b.grad * (stage >= 2 ? shard_len : total);
+  m.optimizer = b.optimizer * (stage >= 1 ? shard_len : total);
   // Buffers the engine allocates around the collectives (at most): stage 1 receives the
   // reduce-scattered shard and stages every padded unit (the last backward starts each unit's
   // reduce-scatter as soon as it is complete, and nothing bounds how many are in flight; a
@@ -61,7 +61,7 @@ ZeroMemory ZeroPartition::memory(int stage, int64_t frozen_bytes) const {
   // embedding held from lookup to head). Bounded with the three largest units.
   if (stage == 1) m.buffers = f * (shard_len + all_padded);
   if (stage >= 2) m.buffers = f * (top3 + top3 / world);
-  if (stage >= 3) m.buffers += f * top3;
+  if (stage >= 3) m.buffers += b.param * top3;
   return m;
 }
 

@@ -41,6 +41,16 @@ struct ZeroMemory {
   int64_t model_state() const { return params + grads + optimizer; }
 };
 
+// Bytes per trainable element of each kind of model state (the ZeRO paper's 2 + 2 + K):
+// fp32 training holds fp32 weights, gradients and AdamW's two moments (4 + 4 + 8); mixed
+// precision (bf16/fp16) holds 16-bit weights for forward/backward, gradients in the
+// accumulation dtype (fp32 by default, 2 bytes with data_types.grad_accum_dtype bf16/fp16)
+// and the fp32 master copy with the moments (K = 12), and communicates 16-bit gradients.
+struct StateBytes {
+  int64_t param = 4, grad = 4, optimizer = 8, comm = 4;
+  static StateBytes mixed(int64_t grad_accum_bytes) { return {2, grad_accum_bytes, 12, 2}; }
+};
+
 // The partition of a model's trainable vector, from unit sizes alone (no model needed).
 struct ZeroPartition {
   std::vector<int64_t> unit_start, unit_len;  // flat range of each unit
@@ -51,9 +61,9 @@ struct ZeroPartition {
   static ZeroPartition make(const std::vector<int64_t>& unit_lens, int world, int rank);
   int64_t piece_begin(size_t u) const { return rank * piece[u]; }  // in unit coordinates
   int64_t piece_end(size_t u) const;                               // clipped to the unit
-  // Model-state bytes per rank for `stage` with AdamW (fp32 values, grads, two moments):
+  // Model-state bytes per rank for `stage` with AdamW, `b` bytes per element of each kind:
   // frozen_bytes are the weights that are not trained (held whole on every rank).
-  ZeroMemory memory(int stage, int64_t frozen_bytes) const;
+  ZeroMemory memory(int stage, int64_t frozen_bytes, const StateBytes& b = {}) const;
 };
 
 class ZeroEngine : public models::UnitHooks {

@@ -437,11 +437,6 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
                rt.key("grad_accum_dtype") + " must be \"fp32\", \"bf16\" or \"fp16\" (got \"" +
                    c.grad_accum_dtype + "\")");
   }
-  LOOM_CHECK(c.precision == TrainConfig::Precision::fp32,
-             where + ": config key '" +
-                 (c.precision == TrainConfig::Precision::bf16 ? "bf16" : "fp16") +
-                 ".enabled': mixed-precision training is not implemented yet (training runs fp32;"
-                 " bf16 GEMM kernels and the fp16 loss scaler have landed, the step has not)");
   return c;
 }
 

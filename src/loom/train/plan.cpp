@@ -178,7 +178,7 @@ LayoutPlan evaluate(const std::vector<StageShape>& shapes, const Layout& l, int 
     st.layers = s.layers;
     st.n_layers = s.n_layers;
     const parallel::ZeroPartition part = parallel::ZeroPartition::make(s.unit_lens, l.dp, 0);
-    st.state = part.memory(l.zero, s.frozen_bytes);
+    st.state = part.memory(l.zero, s.frozen_bytes, l.bytes);
     st.activation_bytes = s.model->activation_bytes(l.micro, seq);
     st.in_flight = in_flight(l, static_cast<int>(r));
     // OpenMPI 4.1's non-blocking reductions hold temporaries the engine does not see
@@ -189,11 +189,12 @@ LayoutPlan evaluate(const std::vector<StageShape>& shapes, const Layout& l, int 
     // (ZeroEngine::reduce_grads: 275 MiB for a stage's 255 MiB of units at pp4 x dp2).
     if (l.dp > 1) {
       int64_t padded = 0, largest = 0;
+      const int64_t f = l.bytes.comm;
       for (int64_t c : part.piece) {
-        padded += 4 * c * l.dp;
-        largest = std::max(largest, 4 * c * l.dp);
+        padded += f * c * l.dp;
+        largest = std::max(largest, f * c * l.dp);
       }
-      if (l.zero == 0) st.mpi_bytes = 4 * std::min(s.trainable, l.reduce_bucket);
+      if (l.zero == 0) st.mpi_bytes = f * std::min(s.trainable, l.reduce_bucket);
       if (l.zero == 1 && l.pp > 1) st.mpi_bytes = padded;
       if (l.zero == 2 && l.dp > 2) st.mpi_bytes = 2 * largest;
     }
@@ -231,8 +232,26 @@ LayoutPlan evaluate(const std::vector<StageShape>& shapes, const Layout& l, int 
   return out;
 }
 
+// Model-state bytes per element at the config's precision (parallel::StateBytes).
+parallel::StateBytes state_bytes(const TrainConfig& cfg) {
+  if (cfg.precision == TrainConfig::Precision::fp32) return {};
+  return parallel::StateBytes::mixed(cfg.grad_accum_dtype == "fp32" ? 4 : 2);
+}
+
+const char* precision_name(const TrainConfig& cfg) {
+  switch (cfg.precision) {
+    case TrainConfig::Precision::bf16:
+      return "bf16";
+    case TrainConfig::Precision::fp16:
+      return "fp16";
+    default:
+      return "fp32";
+  }
+}
+
 Layout config_layout(const TrainConfig& cfg) {
   Layout l;
+  l.bytes = state_bytes(cfg);
   l.dp = cfg.data_parallel;
   l.tp = cfg.tensor_parallel;
   l.pp = cfg.pipeline.size;
@@ -318,10 +337,21 @@ std::string plan_report(const TrainConfig& cfg, int world) {
   const int64_t seq = cfg.data.seq_len;
   std::string out =
       fmt("loom plan: %s, %d ranks = %d data-parallel x %d tensor-parallel%s x %d pipeline stages, "
-          "micro-batch %lld x %lld tokens, %lld per step\n",
+          "micro-batch %lld x %lld tokens, %lld per step, %s\n",
           model_line(src, l.tp).c_str(), world, l.dp, l.tp,
           l.sequence_parallel ? " (sequence parallel)" : "", l.pp, static_cast<long long>(l.micro),
-          static_cast<long long>(seq), static_cast<long long>(l.accum));
+          static_cast<long long>(seq), static_cast<long long>(l.accum), precision_name(cfg));
+  if (cfg.precision != TrainConfig::Precision::fp32)
+    out +=
+        fmt("model state per trainable element: %lld-byte weights, %lld-byte gradients "
+            "(data_types.grad_accum_dtype %s), 12 bytes of fp32 master weights and AdamW "
+            "moments\n",
+            static_cast<long long>(l.bytes.param), static_cast<long long>(l.bytes.grad),
+            cfg.grad_accum_dtype.c_str());
+  if (cfg.precision != TrainConfig::Precision::fp32)
+    out +=
+        "(activations are still estimated in fp32; loom train refuses mixed precision until "
+        "its step lands)\n";
   const LayoutPlan plan = evaluate(shapes, l, world, seq, src.hidden());
   if (l.pp == 1) {
     out +=
@@ -338,6 +368,14 @@ std::string plan_report(const TrainConfig& cfg, int world) {
                  mib(m.model_state() + m.buffers + s.activation_bytes), mib(s.peak_bytes));
     }
     out += "* activations: the model's estimate for one micro-batch's forward and backward\n";
+    std::string gb;  // the ZeRO paper's unit (Rajbhandari et al. 2020, Figure 1)
+    for (int stage = 0; stage <= 3; ++stage) {
+      Layout z = l;
+      z.zero = stage;
+      gb += fmt("%s stage %d %.1f", stage ? "," : "", stage,
+                evaluate(shapes, z, world, seq, src.hidden()).stages[0].state.model_state() / 1e9);
+    }
+    out += "model state per rank in GB (10^9 bytes):" + gb + "\n";
   } else {
     out +=
         fmt("pipeline: %d stages (%s schedule), ZeRO stage %d over %d data-parallel ranks; "
@@ -437,6 +475,7 @@ std::vector<LayoutPlan> runnable_layouts(const TrainConfig& cfg, int world) {
               l.virtual_stages = v;
               l.partition = pc.layers.empty() ? pc.partition : "";
               l.reduce_bucket = cfg.zero.reduce_bucket_size;
+              l.bytes = state_bytes(cfg);
               out.push_back(evaluate(shapes, l, world, seq, src.hidden()));
             }
           }

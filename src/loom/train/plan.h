@@ -35,6 +35,7 @@ struct Layout {
   int virtual_stages = 1;
   std::string partition;                // uniform | parameters; empty: the config's list of layers
   int64_t reduce_bucket = 500'000'000;  // ZeRO-0's all-reduce bucket, elements
+  parallel::StateBytes bytes;           // per element of model state: the config's precision
   std::string str() const;              // "dp2 tp1 pp2 ZeRO-1 micro 2 x 4 1f1b"
   std::string overrides() const;        // the config overrides that select it, as --set arguments
 };

@@ -111,6 +111,12 @@ nlohmann::json model_hf_config(const nlohmann::json& m, const std::string& where
 Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
                  dist::ProcessMesh* mesh)
     : cfg_(cfg), data_(std::move(dataset)) {
+  LOOM_CHECK(cfg.precision == TrainConfig::Precision::fp32,
+             std::string("config key '") +
+                 (cfg.precision == TrainConfig::Precision::bf16 ? "bf16" : "fp16") +
+                 ".enabled': mixed-precision training is not implemented yet (training runs "
+                 "fp32; bf16 GEMM kernels, the fp16 loss scaler and loom plan's arithmetic have "
+                 "landed, the step has not)");
   if (!mesh) {
     own_world_ = std::make_unique<dist::LocalComm>();
     own_mesh_ =
