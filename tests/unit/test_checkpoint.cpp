@@ -9,6 +9,7 @@
 #include "common/test_util.h"
 #include "loom/io/hf_checkpoint.h"
 #include "loom/io/safetensors.h"
+#include "loom/kernels/cpu/bf16.h"
 #include "loom/models/gpt2.h"
 
 namespace loom {
@@ -45,6 +46,31 @@ TEST(Checkpoint, SaveLoadRoundTripIsExact) {
   std::vector<float> la(a.forward(ids).f32(), a.forward(ids).f32() + 5 * 40);
   const Tensor& lb = b->forward(ids);
   for (int i = 0; i < 5 * 40; ++i) EXPECT_EQ(la[i], lb.f32()[i]);
+}
+
+// A bf16 export stores every tensor rounded to nearest even (and says so in config.json);
+// it loads back as exactly those rounded values. Other dtypes are refused, nothing written.
+TEST(Checkpoint, Bf16ExportRoundsEveryTensor) {
+  test::TempDir tmp;
+  models::GPT2 a(tiny());
+  a.params().init(7);
+  const fs::path dir = tmp.path / "bf16";
+  io::save_hf_checkpoint(a, dir, {}, io::StDType::BF16);
+  EXPECT_EQ(io::read_json_file(dir / "config.json")["torch_dtype"], "bfloat16");
+  const io::SafetensorsFile f = io::SafetensorsFile::open(dir / "model.safetensors");
+  for (const auto& t : f.tensors()) EXPECT_EQ(t.dtype, io::StDType::BF16) << t.name;
+  auto b = io::load_hf_model(dir);
+  const Tensor va = a.params().flat_values(), vb = b->params().flat_values();
+  ASSERT_EQ(va.numel(), vb.numel());
+  int64_t changed = 0;
+  for (int64_t i = 0; i < va.numel(); ++i) {
+    const float rounded = kernels::from_bf16(kernels::to_bf16(va.f32()[i]));
+    ASSERT_EQ(vb.f32()[i], rounded) << i;
+    changed += rounded != va.f32()[i];
+  }
+  EXPECT_GT(changed, va.numel() / 2);  // the values really were rounded
+  EXPECT_THROW(io::save_hf_checkpoint(a, tmp.path / "f16", {}, io::StDType::F16), Error);
+  EXPECT_FALSE(fs::exists(tmp.path / "f16"));
 }
 
 TEST(Checkpoint, FileUsesHuggingFaceLayout) {

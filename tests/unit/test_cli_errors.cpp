@@ -131,6 +131,11 @@ TEST_F(CliErrors, MixedPrecisionKeys) {
   expect_failure(run("train " + cfg + " --set data_types.grad_accum_dtype=fp8"),
                  "'data_types.grad_accum_dtype'");
   expect_failure(run("train " + cfg + " --set bf16.enabled=true"), "'bf16.enabled'");
+  // A dtype loom export cannot write: exit 1 naming it, no folder.
+  const fs::path model = model_folder();
+  const Result ex =
+      run("export --model " + model.string() + " --out " + out().string() + " --dtype fp16");
+  expect_failure(ex, "export --dtype 'fp16'");
   const Result plan = run("plan " + cfg + " --world 1 --set bf16.enabled=true");
   EXPECT_EQ(plan.code, 0) << plan.output;
   EXPECT_NE(plan.output.find("bf16"), std::string::npos) << plan.output;

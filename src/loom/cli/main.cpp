@@ -8,7 +8,8 @@
 //   loom generate --model PATH --prompt TEXT [--chat 1] [sampling flags]
 //   loom chat --model PATH [sampling flags]          (interactive; keeps the conversation)
 //   loom forward --model DIR (--ids 1,2,3 | --text TEXT) --out FILE.safetensors
-//   loom export --model PATH [--merge] --out DIR     (an HF folder; LoRA merged in)
+//   loom export --model PATH [--merge] --out DIR [--dtype fp32|bf16]   (an HF folder; LoRA merged
+//   in)
 // --model may be a PEFT adapter folder (its base from base_model_name_or_path, or --base).
 // Errors print one line naming the file/key/tensor and exit 1; usage errors exit 2.
 #include <unistd.h>
@@ -58,7 +59,8 @@ constexpr const char* kUsage =
     "     --temperature F (0: greedy) --top-k K --top-p P --seed S --tokenizer auto|bytes|model\n"
     "     a PEFT adapter folder as PATH loads its base model too (or --base BASE)\n"
     "  loom forward --model PATH (--ids 1,2,3 | --text TEXT) --out FILE.safetensors\n"
-    "  loom export --model PATH [--base BASE] --merge --out DIR   (HF folder, adapter merged)\n";
+    "  loom export --model PATH [--base BASE] --merge --out DIR [--dtype fp32|bf16]   (HF folder,\n"
+    "      adapter merged; weights stored fp32 or bf16)\n";
 
 struct UsageError : loom::Error {
   using loom::Error::Error;
@@ -360,19 +362,28 @@ int cmd_forward(const Args& a) {
 }
 
 int cmd_export(const Args& a) {
-  a.only({"--model", "--base", "--out", "--merge"});
+  a.only({"--model", "--base", "--out", "--merge", "--dtype"});
   const std::string* path = a.get("--model");
   const std::string* out = a.get("--out");
   if (!path || !out) throw UsageError("export needs --model PATH and --out DIR");
+  // The stored weights' type (transformers' torch_dtype names accepted too).
+  const std::string dtype_arg = a.get("--dtype") ? *a.get("--dtype") : "fp32";
+  loom::io::StDType dtype = loom::io::StDType::F32;
+  if (dtype_arg == "bf16" || dtype_arg == "bfloat16")
+    dtype = loom::io::StDType::BF16;
+  else
+    LOOM_CHECK(dtype_arg == "fp32" || dtype_arg == "float32",
+               "export --dtype '" + dtype_arg +
+                   "': Loom exports fp32 or bf16 weights (float32, bfloat16)");
   const bool merge = a.get("--merge") != nullptr;
   const bool adapter = loom::io::is_adapter_folder(loom::expand_user(*path));
   if (adapter && !merge)
     throw UsageError(*path +
                      " is an adapter folder: export writes it merged into its base (--merge)");
   auto model = load_model(a);
-  loom::io::save_hf_checkpoint(*model, *out, loom::expand_user(*path));
-  std::fprintf(stderr, "loom: wrote %s (%s%s)\n", out->c_str(), model->arch().c_str(),
-               adapter ? ", adapter merged" : "");
+  loom::io::save_hf_checkpoint(*model, *out, loom::expand_user(*path), dtype);
+  std::fprintf(stderr, "loom: wrote %s (%s%s, %s)\n", out->c_str(), model->arch().c_str(),
+               adapter ? ", adapter merged" : "", loom::io::st_dtype_name(dtype));
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include "loom/io/hf_tokenizer_writer.h"
 #include "loom/io/safetensors.h"
 #include "loom/io/tokenizer_loader.h"
+#include "loom/kernels/cpu/bf16.h"
 #include "loom/models/registry.h"
 #include "loom/util/error.h"
 
@@ -143,16 +144,30 @@ void write_tokenizer_files(const fs::path& dir, const fs::path& tokenizer_from) 
     if (fs::exists(tokenizer_from / f)) fs::copy_file(tokenizer_from / f, dir / f);
 }
 
+namespace {
+
+void check_export_dtype(StDType dtype) {
+  LOOM_CHECK(dtype == StDType::F32 || dtype == StDType::BF16,
+             std::string("weights can be written as F32 or BF16, not ") + st_dtype_name(dtype));
+}
+
+}  // namespace
+
 void save_hf_checkpoint(models::CausalLM& model, const fs::path& dir,
-                        const fs::path& tokenizer_from) {
+                        const fs::path& tokenizer_from, StDType dtype) {
+  check_export_dtype(dtype);
   write_folder_atomically(dir, [&](const fs::path& tmp) {
-    write_hf_config(model, tmp, tokenizer_from);
-    write_hf_weights(model, tmp / hf_weights_file(0, 1));
+    write_hf_config(model, tmp, tokenizer_from, dtype);
+    write_hf_weights(model, tmp / hf_weights_file(0, 1), dtype);
   });
 }
 
-void write_hf_config(models::CausalLM& model, const fs::path& dir, const fs::path& tokenizer_from) {
-  write_json_file(dir / "config.json", model.hf_config());
+void write_hf_config(models::CausalLM& model, const fs::path& dir, const fs::path& tokenizer_from,
+                     StDType dtype) {
+  check_export_dtype(dtype);
+  nlohmann::json j = model.hf_config();
+  j["torch_dtype"] = dtype == StDType::BF16 ? "bfloat16" : "float32";
+  write_json_file(dir / "config.json", j);
   write_tokenizer_files(dir, tokenizer_from);
 }
 
@@ -181,7 +196,8 @@ void write_hf_index(const fs::path& dir, int parts) {
       nlohmann::ordered_json{{"metadata", {{"total_size", total}}}, {"weight_map", map}});
 }
 
-void write_hf_weights(models::CausalLM& model, const fs::path& file) {
+void write_hf_weights(models::CausalLM& model, const fs::path& file, StDType dtype) {
+  check_export_dtype(dtype);
   // LoRA branches merge into the weight they sit on; other PEFT parameters have no place in
   // the base architecture.
   std::map<const nn::Parameter*, const nn::LoRA*> lora_of;
@@ -229,6 +245,18 @@ void write_hf_weights(models::CausalLM& model, const fs::path& file) {
       t.data = buf.data();
     }
     tensors.push_back(std::move(t));
+  }
+  // BF16: every tensor rounded from the f32 values above (kernels/cpu/bf16.h).
+  std::vector<std::vector<kernels::bf16>> halves;
+  if (dtype == StDType::BF16) {
+    for (StWriteTensor& t : tensors) {
+      const int64_t n = shape_numel(t.shape);
+      auto& h = halves.emplace_back(n);
+      kernels::to_bf16(static_cast<const float*>(t.data), h.data(), n);
+      t.dtype = StDType::BF16;
+      t.data = h.data();
+      t.nbytes = static_cast<size_t>(n) * sizeof(kernels::bf16);
+    }
   }
   write_safetensors(file, tensors, {{"format", "pt"}});
 }

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 
+#include "loom/io/safetensors.h"
 #include "loom/models/causal_lm.h"
 
 namespace loom::io {
@@ -29,16 +30,20 @@ void read_param(const SafetensorsCheckpoint& ck, const std::string& key,
 void load_hf_weights(models::CausalLM& model, const std::filesystem::path& file_or_dir);
 // tokenizer_from: the model the weights came from; its tokenizer files go in beside the
 // weights (write_tokenizer_files).
+// dtype: the stored weights' type, F32 or BF16 (rounded to nearest even; config.json's
+// torch_dtype says which); anything else is an error naming it.
 void save_hf_checkpoint(models::CausalLM& model, const std::filesystem::path& dir,
-                        const std::filesystem::path& tokenizer_from = {});
+                        const std::filesystem::path& tokenizer_from = {},
+                        StDType dtype = StDType::F32);
 // The parts of save_hf_checkpoint, for a model whose pipeline stages each write theirs:
 // the weights `model` holds (full tensors; LoRA merged in; a tied embedding's stage copy
 // left to the first stage) into one safetensors file; config.json and the tokenizer files;
 // and, for a folder of `parts` weight files (hf_weights_file(s, parts) for s < parts), the
 // model.safetensors.index.json transformers reads them by.
-void write_hf_weights(models::CausalLM& model, const std::filesystem::path& file);
+void write_hf_weights(models::CausalLM& model, const std::filesystem::path& file,
+                      StDType dtype = StDType::F32);
 void write_hf_config(models::CausalLM& model, const std::filesystem::path& dir,
-                     const std::filesystem::path& tokenizer_from);
+                     const std::filesystem::path& tokenizer_from, StDType dtype = StDType::F32);
 std::string hf_weights_file(int part, int parts);  // model.safetensors, model-00001-of-00004...
 void write_hf_index(const std::filesystem::path& dir, int parts);
 
