@@ -2,8 +2,8 @@
 // (train_micro_batch_size_per_gpu, gradient_accumulation_steps, train_batch_size,
 // optimizer{type,params}, scheduler{type,params}, gradient_clipping, steps_per_print,
 // wall_clock_breakdown) plus loom's own (model, data, train_steps, seed, output_dir,
-// no_decay, peft, trace, ...). Unknown keys, wrong types and inconsistent batch sizes are errors
-// naming the key.
+// no_decay, peft, trace, activation_checkpointing (Megatron's recompute), ...). Unknown keys, wrong
+// types and inconsistent batch sizes are errors naming the key.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/models/causal_lm.h"
 #include "loom/models/peft.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/schedule.h"
@@ -58,6 +59,7 @@ struct TrainConfig {
   int tensor_parallel = 1;            // tensor_parallel.size
   bool sequence_parallel = false;     // tensor_parallel.sequence_parallel
   parallel::PipelineConfig pipeline;  // pipeline_parallel
+  models::ActivationCheckpointing activation_checkpointing;
   int data_parallel = 1;  // world / (tensor_parallel x pipeline.size): train_batch's rule uses it
   int64_t checkpoint_interval = 0;  // steps between checkpoints (0: only the final one)
   std::string resume_from;          // a checkpoint folder to continue from

@@ -144,6 +144,8 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
              "config: peft.prefix_projection under tensor_parallel.size > 1 is not supported "
              "(its table would be saved split); set it false");
   models::apply_peft(*model_, cfg_.peft, cfg.seed);
+  const models::ActivationCheckpointing& ac = cfg.activation_checkpointing;
+  model_->set_activation_checkpointing(ac);
   if (!cfg.peft_from.empty()) io::load_adapter_weights(*model_, expand_user(cfg.peft_from));
   // Resuming: the weights the checkpoint holds (the optimizer state follows below).
   TrainerState resume;
@@ -198,6 +200,7 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
       auto c = models::make_model(model_->hf_config(), "config (pipeline stage)", tp_, load.stage,
                                   models::ParamBuffers::DeclareOnly);
       models::declare_peft(*c, cfg_.peft);
+      c->set_activation_checkpointing(ac);
       contexts.push_back(c.get());
       contexts_.push_back(std::move(c));
     }
