@@ -5,7 +5,9 @@
 // must run inside the backward's unit scopes, never firing a forward's hooks again.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -191,22 +193,47 @@ TEST(ActivationCheckpointing, ReleasedTensorsAreFreed) {
   }
 }
 
-// Records the unit hooks a step fires.
+// Records the unit hooks a step fires, and acts like ZeRO-3: a unit's parameter values are
+// there only while it is acquired (NaN otherwise), so a recompute outside the backward's
+// scopes spoils the gradients.
 struct Recorder : models::UnitHooks {
   std::vector<std::string> log;
-  void acquire(int u) override { log.push_back("a" + std::to_string(u)); }
-  void release(int u) override { log.push_back("r" + std::to_string(u)); }
+  std::vector<std::vector<nn::Parameter*>> units;
+  std::vector<std::vector<std::vector<float>>> saved;  // per unit, per parameter
+  std::vector<int> refs;
+  explicit Recorder(models::CausalLM& m) : units(m.units()), saved(units.size()) {
+    refs.assign(units.size(), 1);
+    for (size_t u = 0; u < units.size(); ++u) release(static_cast<int>(u));
+    log.clear();
+  }
+  void acquire(int u) override {
+    log.push_back("a" + std::to_string(u));
+    if (refs[u]++ > 0) return;
+    for (size_t i = 0; i < units[u].size(); ++i)
+      std::memcpy(units[u][i]->value.f32(), saved[u][i].data(), saved[u][i].size() * 4);
+  }
+  void release(int u) override {
+    log.push_back("r" + std::to_string(u));
+    if (--refs[u] > 0) return;
+    saved[u].clear();
+    for (nn::Parameter* p : units[u]) {
+      float* v = p->value.f32();
+      saved[u].emplace_back(v, v + p->value.numel());
+      std::fill(v, v + p->value.numel(), std::numeric_limits<float>::quiet_NaN());
+    }
+  }
   void grads_ready(int u) override { log.push_back("g" + std::to_string(u)); }
 };
 
 // ZeRO-3 gathers a unit's parameters on acquire: the recompute must run while the backward
 // holds them, fire no forward hook again, and with groups of one leave the sequence as it is.
 TEST(ActivationCheckpointing, RecomputeRunsInsideTheBackwardsUnitScopes) {
-  auto hooks_of = [](const AC& ac) {
+  const Step ref = train_step(*make("gpt2", {}), AC{});
+  auto hooks_of = [&](const AC& ac) {
     auto m = make("gpt2", {});
-    Recorder r;
+    Recorder r(*m);
     m->set_unit_hooks(&r);
-    train_step(*m, ac);
+    expect_bitwise(ref, train_step(*m, ac), "under ZeRO-3-like hooks");
     return r.log;
   };
   const std::vector<std::string> none = hooks_of(AC{});
