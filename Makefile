@@ -15,7 +15,7 @@ FUZZ_TIMEOUT ?= 30
 # Which targets to run (fuzz/fuzz_NAME.cpp), e.g. `make fuzz FUZZ_TARGETS=gguf`.
 FUZZ_TARGETS ?= $(patsubst fuzz/fuzz_%.cpp,%,$(wildcard fuzz/fuzz_*.cpp))
 
-.PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench bench-tp bench-pp bench-plan \
+.PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench bench-tp bench-pp bench-plan bench-ckpt \
   fixtures check-demo-checkpoint fuzz fuzz-smoke format clean
 
 all: build
@@ -87,6 +87,12 @@ bench-pp: build
 # cost model's constants (src/loom/train/cost_model.cpp).
 bench-plan: build
 	bash bench/plan_check.sh $(BUILD)
+
+# Activation checkpointing: peak RSS and activations of GPT-2 124M at T = 512 with none,
+# selective and full, against loom plan (bench/ckpt_memory.sh; about 5 minutes, not in
+# `make test`).
+bench-ckpt: build
+	bash bench/ckpt_memory.sh $(BUILD)
 
 # Regenerates tests/fixtures (needs torch + transformers; see scripts/make_fixtures.py).
 fixtures:
