@@ -158,6 +158,15 @@ void apply_override(json& j, const std::string& assignment) {
   *node = value;
 }
 
+std::string checkpointing_str(const models::ActivationCheckpointing& ac) {
+  using G = models::ActivationCheckpointing::Granularity;
+  if (ac.granularity == G::selective) return "selective activation checkpointing";
+  if (ac.granularity != G::full) return "";
+  return std::string("full activation checkpointing (") +
+         (ac.block_method ? "block, " : "uniform, ") + std::to_string(ac.num_layers) + " layer" +
+         (ac.num_layers > 1 ? "s)" : ")");
+}
+
 TrainConfig parse_config(const json& j, const std::string& where, int64_t world) {
   Reader r{where, ""};
   r.only(j, {"model",

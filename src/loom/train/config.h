@@ -70,6 +70,10 @@ struct TrainConfig {
 // JSON, else taken as a string. Errors name the override.
 void apply_override(nlohmann::json& j, const std::string& assignment);
 
+// The activation_checkpointing setting in words for the logs: "" (none), "selective
+// activation checkpointing", "full activation checkpointing (uniform, 1 layer)".
+std::string checkpointing_str(const models::ActivationCheckpointing& ac);
+
 // Validates and resolves a config. `where` names the file in errors; world_size is the
 // number of ranks. DeepSpeed's batch rule uses the data-parallel size dp = world /
 // (tensor_parallel.size x pipeline_parallel.size): train = micro * accum * dp.

@@ -290,14 +290,8 @@ double mib(int64_t b) { return static_cast<double>(b) / 1048576.0; }
 std::string model_line(const ModelSource& src, int tp) {
   auto whole = src.make(tp, false, {});
   const nn::ParamStore& ps = whole->params();
-  using G = models::ActivationCheckpointing::Granularity;
-  const models::ActivationCheckpointing& ac = src.checkpointing();
-  std::string ckpt;
-  if (ac.granularity == G::selective) ckpt = ", selective activation checkpointing";
-  if (ac.granularity == G::full)
-    ckpt = fmt(", full activation checkpointing (%s, %lld layer%s)",
-               ac.block_method ? "block" : "uniform", static_cast<long long>(ac.num_layers),
-               ac.num_layers > 1 ? "s" : "");
+  std::string ckpt = checkpointing_str(src.checkpointing());
+  if (!ckpt.empty()) ckpt = ", " + ckpt;
   return fmt("%s%s, %.2fM parameters (%.3fM trainable)%s%s", whole->arch().c_str(),
              src.peft().enabled() ? (" + " + src.peft().method).c_str() : "", ps.numel() / 1e6,
              ps.trainable_numel() / 1e6, tp > 1 ? " per tensor-parallel rank" : "", ckpt.c_str());
