@@ -191,6 +191,20 @@ TEST(ActivationCheckpointing, ReleasedTensorsAreFreed) {
     EXPECT_EQ(a_none - m->activation_bytes(2, 8), att - 2 * 4 * 8 * 8 * 4) << arch;
     EXPECT_LT(a_full, a_none) << arch;
   }
+  // GPT-2's estimate by hand (N = 16 tokens, C 16, MLP 64, 4 heads, T 8, 3 layers): a layer
+  // saves N (6C + 4C + 2H) + B NH T T = 5120 elements, a group's input is N C = 256; full
+  // keeps the groups' inputs and the chunk's output, plus one group rebuilt at a time.
+  auto m = make("gpt2", {});
+  const int64_t none = m->activation_bytes(2, 8), layer = 5120, io = 256;
+  auto saved = [&](const AC& ac) {
+    m->set_activation_checkpointing(ac);
+    return none - m->activation_bytes(2, 8);
+  };
+  EXPECT_EQ(saved(full(1)), 4 * (3 * layer - (3 * io + io + layer)));
+  EXPECT_EQ(saved(full(2)), 4 * (3 * layer - (2 * io + io + 2 * layer)));
+  EXPECT_EQ(saved(full(3)), 4 * (3 * layer - (io + io + 3 * layer)));
+  EXPECT_EQ(saved(full(2, true)), 4 * (3 * layer - (2 * io + layer + io + layer)));
+  EXPECT_EQ(saved(selective()), 4 * 2 * 512);
 }
 
 // Records the unit hooks a step fires, and acts like ZeRO-3: a unit's parameter values are
