@@ -48,4 +48,5 @@ act, peak = mem["activations_bytes"] / 2**20, mem["peak_rss_bytes"] / 2**20
 print(f"| {name} | {act_est:.0f} MiB | {act:.0f} MiB | {peak_est:.0f} MiB | {peak:.0f} MiB | "
       f"{100 * (peak_est - peak) / peak:+.1f}% | {maxrss:.0f} MiB | {steps[-1]:.2f} |")
 PY
+  rm -rf "$out/$name"/checkpoint-*  # 1.4 GB each; the metrics and logs stay
 done
