@@ -15,7 +15,7 @@ FUZZ_TIMEOUT ?= 30
 # Which targets to run (fuzz/fuzz_NAME.cpp), e.g. `make fuzz FUZZ_TARGETS=gguf`.
 FUZZ_TARGETS ?= $(patsubst fuzz/fuzz_%.cpp,%,$(wildcard fuzz/fuzz_*.cpp))
 
-.PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench bench-tp bench-pp bench-plan bench-gemm \
+.PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench bench-tp bench-pp bench-plan bench-gemm bench-ckpt \
   fixtures check-demo-checkpoint fuzz fuzz-smoke format clean
 
 all: build
@@ -57,7 +57,7 @@ test: build build-asan
 # plugins') at exit.
 test-asan:
 	ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=1 $(ASAN_BUILD)/loom_unit_tests \
-	  --gtest_filter='Safetensors*:Config*:Bf16*:LossScaler*:Trace*:Schedule*:CliErrors*:Checkpoint*:KernelGrad*:ModuleGrad*:LlamaGrad*:Conversation*:ChatTemplates*:Generate*:Packing*:Gguf*:SftDataset*:Tokenizer*:Peft*:QMatmul*:TrainPeft*:Dist*:ZeroPlan*:Plan*:Pipeline*'
+	  --gtest_filter='Safetensors*:Config*:Bf16*:LossScaler*:Trace*:Schedule*:CliErrors*:Checkpoint*:KernelGrad*:ModuleGrad*:LlamaGrad*:Conversation*:ChatTemplates*:Generate*:Packing*:Gguf*:SftDataset*:Tokenizer*:Peft*:QMatmul*:TrainPeft*:Dist*:ZeroPlan*:Plan*:Pipeline*:ActivationCheckpointing*'
 	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
 	  --bind-to none -np 2 $(ASAN_BUILD)/test_collectives
 	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
@@ -93,6 +93,12 @@ bench-gemm: build
 # cost model's constants (src/loom/train/cost_model.cpp).
 bench-plan: build
 	bash bench/plan_check.sh $(BUILD)
+
+# Activation checkpointing: peak RSS and activations of GPT-2 124M at T = 512 with none,
+# selective and full, against loom plan (bench/ckpt_memory.sh; about 5 minutes, not in
+# `make test`).
+bench-ckpt: build
+	bash bench/ckpt_memory.sh $(BUILD)
 
 # Regenerates tests/fixtures (needs torch + transformers; see scripts/make_fixtures.py).
 fixtures:

@@ -10,6 +10,8 @@
 //     gradients are summed after the dp reduction), tp2 x pp2 (with sequence parallel
 //     too), and dp2 x tp2 x pp2 on 8 ranks (oversubscribed);
 //   - LoRA with dropout at pp2 (x dp2): the run, and the adapter folder it saves;
+//   - activation checkpointing (full uniform and block, selective) at pp2 with LoRA dropout,
+//     interleaved, tp2 x pp2 with sequence parallel, and dp2 x pp2 at ZeRO-3;
 //   - a checkpoint saved at pp2 x tp2 resumed on one process, at dp2 with ZeRO-2 and at pp4.
 // `loom verify` checks in addition that the tied embedding's two copies end bitwise equal.
 #include <gtest/gtest.h>
@@ -29,8 +31,13 @@ struct PpCase {
   bool sequence_parallel = false;
   nlohmann::json partition = nullptr;  // default: uniform
   int virtual_stages = 1;
+  nlohmann::json checkpointing = nullptr;  // activation_checkpointing; default: none
 };
 void PrintTo(const PpCase& c, std::ostream* os) { *os << c.name; }
+PpCase with_checkpointing(PpCase c, nlohmann::json ac) {
+  c.checkpointing = std::move(ac);
+  return c;
+}
 
 constexpr int kBatch = 16;  // the global batch of every case
 
@@ -59,6 +66,7 @@ nlohmann::json pp_config(const PpCase& c) {
   if (!c.partition.is_null()) j["pipeline_parallel"]["partition"] = c.partition;
   j["tensor_parallel"] = {{"size", c.tp}, {"sequence_parallel", c.sequence_parallel}};
   j["zero_optimization"] = {{"stage", c.zero}};
+  if (!c.checkpointing.is_null()) j["activation_checkpointing"] = c.checkpointing;
   return j;
 }
 
@@ -103,6 +111,17 @@ INSTANTIATE_TEST_SUITE_P(
         PpCase{"gpt2_tp2_pp2", "gpt2", 4, 2, 2, "1f1b", 2},
         PpCase{"llama_tp2_pp2_sp", "llama", 4, 2, 4, "1f1b", 2, 0, true},
         PpCase{"lora_dropout_dp2_pp2", "lora", 4, 2, 2, "1f1b", 1, 1},
+        // Activation checkpointing (against one process without): every context recomputes.
+        with_checkpointing(PpCase{"lora_dropout_pp2_ckpt_full", "lora", 2, 2, 4},
+                           {{"granularity", "full"}}),
+        with_checkpointing(PpCase{"gpt2_pp2_v2_m4_ckpt_full_block", "gpt2", 2, 2, 4, "interleaved",
+                                  1, 0, false, nullptr, 2},
+                           {{"granularity", "full"}, {"method", "block"}, {"num_layers", 1}}),
+        with_checkpointing(PpCase{"gpt2_tp2_pp2_sp_ckpt_selective", "gpt2", 4, 2, 2, "1f1b", 2, 0,
+                                  true},
+                           {{"granularity", "selective"}}),
+        with_checkpointing(PpCase{"llama_dp2_pp2_zero3_ckpt_full", "llama", 4, 2, 2, "gpipe", 1, 3},
+                           {{"granularity", "full"}, {"num_layers", 2}}),
         // 3D on 8 ranks.
         PpCase{"gpt2_dp2_tp2_pp2_zero1", "gpt2", 8, 2, 2, "1f1b", 2, 1},
         PpCase{"llama_dp2_tp2_pp2_zero1_gpipe", "llama", 8, 2, 4, "gpipe", 2, 1}),

@@ -13,7 +13,9 @@
 //     heads replicated), Qwen2 (q/k/v bias, untied) at tp2, each with and without sequence
 //     parallel, and tp2 with ZeRO 1, 2, 3 over the dp group (tp2 x dp2 on 4 ranks), the same
 //     20 steps; LoRA (dropout on) at tp2, its adapter folder equal to one process's; a tp2
-//     (x dp2) checkpoint resumed on one process, at tp4 and at ZeRO-2.
+//     (x dp2) checkpoint resumed on one process, at tp4 and at ZeRO-2;
+//   - activation checkpointing at tp2 (sequence parallel), at ZeRO-3 and with LoRA dropout,
+//     against one process without it.
 // The one-process reference runs on rank 0 alone (a LocalComm) while the others wait.
 #include <gtest/gtest.h>
 
@@ -74,6 +76,29 @@ TEST(ZeroResume, Stage3CheckpointContinuesOnOneProcessAndAtStage2) {
     g_world->barrier();
     expect_same(ref, on_two, 10, "ZeRO-3 checkpoint from 4 ranks resumed at ZeRO-2 on 2");
   }
+}
+
+// Activation checkpointing (models/causal_lm.h) under tensor parallel (its recompute repeats
+// the collectives) and ZeRO-3 (its recompute runs on the parameters the backward gathered),
+// with LoRA dropout too, against one process without it.
+TEST(ActivationCheckpointing, UnderTp2AndZero3EqualsOneProcessWithout) {
+  if (g_world->size() % 2 != 0) GTEST_SKIP() << "world " << g_world->size();
+  nlohmann::json j = base_config("gpt2");
+  j["tensor_parallel"] = {{"size", 2}, {"sequence_parallel", true}};
+  j["activation_checkpointing"] = {{"granularity", "full"}};
+  expect_same(reference_of("gpt2"), train_on(j, *g_world, 20), 0, "gpt2 tp2 sp, full");
+  j = base_config("llama");
+  j["zero_optimization"] = {{"stage", 3}};
+  j["activation_checkpointing"] = {{"granularity", "full"}, {"num_layers", 2}};
+  expect_same(reference_of("llama"), train_on(j, *g_world, 20), 0, "llama ZeRO-3, full 2");
+  j = lora_config();
+  const Trained ref = reference(j);
+  j["zero_optimization"] = {{"stage", 3}};
+  j["activation_checkpointing"] = {{"granularity", "selective"}};
+  expect_same(ref, train_on(j, *g_world, 20), 0, "LoRA dropout ZeRO-3, selective");
+  j["tensor_parallel"] = {{"size", 2}};
+  j["activation_checkpointing"] = {{"granularity", "full"}, {"method", "block"}};
+  expect_same(ref, train_on(j, *g_world, 20), 0, "LoRA dropout tp2 ZeRO-3, full block");
 }
 
 // ---------------------------------------------------------------------------------------

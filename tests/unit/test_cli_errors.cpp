@@ -141,6 +141,30 @@ TEST_F(CliErrors, MixedPrecisionKeys) {
   EXPECT_NE(plan.output.find("bf16"), std::string::npos) << plan.output;
 }
 
+// Activation checkpointing: bad values name the key, in train and in plan.
+TEST_F(CliErrors, ActivationCheckpointing) {
+  const std::string cfg =
+      config("{\"arch\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 8, \"n_head\": 2}");
+  expect_failure(run("train " + cfg + " --set activation_checkpointing.granularity=partial"),
+                 "'activation_checkpointing.granularity': 'partial' is not one of full, selective");
+  expect_failure(run("plan " + cfg + " --set activation_checkpointing.method=block"),
+                 "'activation_checkpointing.granularity' is required");
+  expect_failure(run("train " + cfg +
+                     " --set activation_checkpointing.granularity=full --set "
+                     "activation_checkpointing.num_layers=3"),
+                 "'activation_checkpointing.num_layers' 3 exceeds the model's 2 layers");
+  expect_failure(run("plan " + cfg +
+                     " --set activation_checkpointing.granularity=full --set "
+                     "activation_checkpointing.num_layers=3"),
+                 "'activation_checkpointing.num_layers' 3 exceeds the model's 2 layers");
+  expect_failure(run("train " + cfg +
+                     " --set activation_checkpointing.granularity=selective --set "
+                     "activation_checkpointing.num_layers=1"),
+                 "'activation_checkpointing.num_layers' does not apply to granularity");
+  expect_failure(run("train " + cfg + " --set activation_checkpointing.cpu_checkpointing=true"),
+                 "unknown config key 'activation_checkpointing.cpu_checkpointing'");
+}
+
 // --memory-per-rank: a positive number of GiB, with the world it lays out (usage errors:
 // exit 2, naming the option); a budget nothing fits names the smallest estimate (exit 1).
 TEST_F(CliErrors, PlanMemoryPerRank) {

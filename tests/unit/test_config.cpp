@@ -64,6 +64,53 @@ TEST(Config, UnknownKeysAreErrorsNamingThePath) {
   EXPECT_NE(error_of(j).find("scheduler.params.warmup_steps"), std::string::npos);
 }
 
+// activation_checkpointing: Megatron's granularity / method / num_layers.
+TEST(Config, ActivationCheckpointing) {
+  using G = models::ActivationCheckpointing::Granularity;
+  json j = base();
+  EXPECT_EQ(train::parse_config(j, "c", 1).activation_checkpointing.granularity, G::none);
+  j["activation_checkpointing"] = {{"granularity", "full"}};
+  auto ac = train::parse_config(j, "c", 1).activation_checkpointing;
+  EXPECT_EQ(ac.granularity, G::full);  // Megatron's defaults: uniform, 1 layer
+  EXPECT_FALSE(ac.block_method);
+  EXPECT_EQ(ac.num_layers, 1);
+  j["activation_checkpointing"] = {{"granularity", "full"}, {"method", "block"}, {"num_layers", 3}};
+  ac = train::parse_config(j, "c", 1).activation_checkpointing;
+  EXPECT_TRUE(ac.block_method);
+  EXPECT_EQ(ac.num_layers, 3);
+  j["activation_checkpointing"] = {{"granularity", "selective"}};
+  EXPECT_EQ(train::parse_config(j, "c", 1).activation_checkpointing.granularity, G::selective);
+
+  auto err = [&](const json& a) {
+    json k = base();
+    k["activation_checkpointing"] = a;
+    return error_of(k);
+  };
+  auto has = [](const std::string& e, const std::string& s) {
+    return e.find(s) != std::string::npos;
+  };
+  EXPECT_TRUE(has(err(json::object()), "'activation_checkpointing.granularity' is required"));
+  EXPECT_TRUE(
+      has(err({{"granularity", "partial"}}),
+          "'activation_checkpointing.granularity': 'partial' is not one of full, selective"));
+  EXPECT_TRUE(
+      has(err({{"granularity", true}}), "'activation_checkpointing.granularity' must be a string"));
+  EXPECT_TRUE(has(err({{"granularity", "full"}, {"method", "random"}}),
+                  "'activation_checkpointing.method': 'random' is not one of uniform, block"));
+  EXPECT_TRUE(has(err({{"granularity", "full"}, {"num_layers", 0}}),
+                  "'activation_checkpointing.num_layers' must be >= 1"));
+  EXPECT_TRUE(has(err({{"granularity", "full"}, {"num_layers", 1.5}}),
+                  "'activation_checkpointing.num_layers' must be an integer"));
+  EXPECT_TRUE(has(err({{"granularity", "selective"}, {"num_layers", 2}}),
+                  "'activation_checkpointing.num_layers' does not apply to granularity "
+                  "\"selective\""));
+  EXPECT_TRUE(has(err({{"granularity", "selective"}, {"method", "block"}}),
+                  "'activation_checkpointing.method' does not apply"));
+  EXPECT_TRUE(has(err({{"granularity", "full"}, {"partition_activations", true}}),
+                  "unknown config key 'activation_checkpointing.partition_activations'"));
+  EXPECT_TRUE(has(err("full"), "config key 'activation_checkpointing' must be a JSON object"));
+}
+
 TEST(Config, WrongTypesAreErrors) {
   json j = base();
   j["train_steps"] = "ten";

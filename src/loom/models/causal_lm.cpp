@@ -1,6 +1,9 @@
 #include "loom/models/causal_lm.h"
 
 #include <cstring>
+#include <string>
+
+#include "loom/util/error.h"
 
 namespace loom::models {
 
@@ -8,6 +11,15 @@ int CausalLM::block_unit(const std::string& name, const std::string& bp) {
   if (!name.starts_with(bp)) return -1;
   const size_t dot = name.find('.', bp.size());
   return 1 + std::stoi(name.substr(bp.size(), dot - bp.size()));
+}
+
+void CausalLM::set_activation_checkpointing(const ActivationCheckpointing& a) {
+  LOOM_CHECK(a.granularity != ActivationCheckpointing::Granularity::full ||
+                 (a.num_layers >= 1 && a.num_layers <= num_layers()),
+             "config: config key 'activation_checkpointing.num_layers' " +
+                 std::to_string(a.num_layers) + " exceeds the model's " +
+                 std::to_string(num_layers()) + " layers");
+  checkpointing_ = a;
 }
 
 std::vector<std::vector<nn::Parameter*>> CausalLM::units() {

@@ -41,6 +41,27 @@ struct StageRange {
   std::vector<std::pair<int64_t, int64_t>> chunks;
 };
 
+// Activation checkpointing (Megatron's recompute_granularity / recompute_method /
+// recompute_num_layers): what a training forward keeps for backward.
+//   full:      the blocks of each model chunk (a pipeline stage's run of layers, or the
+//              whole model) are cut into groups that keep only their input; everything else
+//              they save is released after their forward and rebuilt in their backward by
+//              running the group's forward again from that input. method uniform: every
+//              num_layers consecutive blocks are a group; block: each of the first
+//              num_layers blocks is a group of its own, and the rest keep everything.
+//   selective: every block keeps everything but the attention probabilities [B, H, T, P+T],
+//              which its backward recomputes from q and k.
+// The recompute repeats the forward exactly (dropout masks are keyed by position, nn/
+// dropout.h; a tensor-parallel group repeats its collectives in the same order), so the
+// gradients are the same bits as without. Evaluation forwards release the same way (no
+// backward follows, so nothing is recomputed); generation (forward_cached) does not.
+struct ActivationCheckpointing {
+  enum class Granularity { none, full, selective };
+  Granularity granularity = Granularity::none;
+  bool block_method = false;  // method "block" (else "uniform"); full only
+  int64_t num_layers = 1;     // full only
+};
+
 // What a model's constructor does with its parameters: lays out their buffers (values zero
 // until init or load), or only declares them (names, shapes, shards, nothing allocated):
 // enough to plan memory and work for a model of any size (loom plan), not to run it.
@@ -118,10 +139,15 @@ class CausalLM {
   nn::KVPrefix* kv_prefix() { return prefix_.get(); }
   virtual int64_t kv_heads() const = 0;  // key/value heads per layer
   // Estimated bytes of the activations one forward + backward of a [B, T] micro-batch keeps
-  // (saved tensors of every layer, logits, and the largest layer's backward scratch).
+  // (saved tensors of every layer, logits, and the largest layer's backward scratch), under
+  // the activation checkpointing set.
   virtual int64_t activation_bytes(int64_t B, int64_t T) const = 0;
   // State of the dropout in PEFT modules; the trainer sets it before each micro-batch.
   nn::DropoutContext& dropout() { return dropout_; }
+  // Activation checkpointing for the forwards that follow (and activation_bytes' estimate);
+  // num_layers may not exceed the model's layers (an error naming the config key).
+  void set_activation_checkpointing(const ActivationCheckpointing& a);
+  const ActivationCheckpointing& activation_checkpointing() const { return checkpointing_; }
 
   // The units (see UnitHooks): unit_of(parameter name), and every unit's parameters.
   virtual int num_layers() const = 0;
@@ -158,6 +184,7 @@ class CausalLM {
   void prefill_prefix(KVCache& c);
 
   nn::DropoutContext dropout_;
+  ActivationCheckpointing checkpointing_;
   std::unique_ptr<nn::KVPrefix> prefix_;
   UnitHooks* hooks_ = nullptr;
 };

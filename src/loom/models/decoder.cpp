@@ -39,6 +39,9 @@ Decoder::Decoder(DecoderSpec spec, ParamBuffers buffers)
   }
   chunk_start_.push_back(blocks_.size());
   dinput_.resize(chunks_.size());
+  kept_.resize(blocks_.size());
+  chunk_out_.resize(chunks_.size());
+  recompute_.assign(chunks_.size(), 0);
   if (last_) {
     final_norm_ = spec_.make_norm(ps_, spec_.final_norm);
     nn::Parameter* w =
@@ -132,6 +135,43 @@ void Decoder::set_positions() {
   rope_tables(abs_pos_.i32(), n, where_.rope_cos, where_.rope_sin);
 }
 
+std::optional<std::pair<size_t, size_t>> Decoder::checkpoint_group(size_t i, int chunk) const {
+  const ActivationCheckpointing& ac = checkpointing_;
+  if (ac.granularity != ActivationCheckpointing::Granularity::full) return std::nullopt;
+  const size_t a = chunk_start_[chunk], b = chunk_start_[chunk + 1], j = i - a,
+               k = static_cast<size_t>(ac.num_layers);
+  if (ac.block_method) {
+    if (j < k) return std::make_pair(i, i);
+    return std::nullopt;
+  }
+  const size_t first = a + j / k * k;
+  return std::make_pair(first, std::min(first + k, b) - 1);
+}
+
+int64_t Decoder::blocks_activation_elems(int64_t layer, int64_t att, int64_t io) const {
+  using G = ActivationCheckpointing::Granularity;
+  const ActivationCheckpointing& ac = checkpointing_;
+  const auto n_blocks = static_cast<int64_t>(blocks_.size());
+  if (ac.granularity == G::none) return n_blocks * layer;
+  // Selective: no block keeps its probabilities; one layer's recompute lives in scratch.
+  if (ac.granularity == G::selective) return n_blocks * (layer - att) + att;
+  // Full: every chunk keeps its groups' inputs and its output, the blocks outside groups
+  // keep everything, and one group at a time (the largest) is rebuilt in backward.
+  int64_t kept = 0, group = 0;
+  for (size_t c = 0; c + 1 < chunk_start_.size(); ++c) {
+    const int64_t n = static_cast<int64_t>(chunk_start_[c + 1] - chunk_start_[c]),
+                  k = std::min(ac.num_layers, n);
+    if (ac.block_method) {
+      kept += k * io + (n - k) * layer + io;
+      group = std::max(group, k > 0 ? layer : int64_t{0});
+    } else {
+      kept += (n + k - 1) / k * io + io;
+      group = std::max(group, k * layer);
+    }
+  }
+  return kept + group;
+}
+
 const Tensor& Decoder::forward(const Tensor& ids, const Tensor& pos) {
   LOOM_CHECK(first_ && last_, "internal: forward() on a pipeline stage (use forward_stage)");
   return forward_stage(ids, pos, Tensor(), 0);
@@ -202,9 +242,24 @@ const Tensor& Decoder::forward_stage(const Tensor& ids, const Tensor& pos, const
                "pipeline stage input " + shape_str(x_in.shape()) + " is not the expected " +
                    shape_str(stream_shape(B, T)));
   }
+  const bool selective =
+      checkpointing_.granularity == ActivationCheckpointing::Granularity::selective;
+  recompute_[chunk] = 0;
+  chunk_out_[chunk] = Tensor();
   for (size_t i = chunk_start_[chunk]; i < chunk_start_[chunk + 1]; ++i) {
     UnitScope u(hooks_, static_cast<int>(layer_of_[i]) + 1);
+    const auto group = checkpoint_group(i, chunk);
+    if (group && group->first == i) kept_[i] = *x;  // what its recompute starts from
     x = &blocks_[i]->forward(*x, where_);
+    if (selective) blocks_[i]->release_scores();
+    if (group && group->second == i) {
+      // The group's output is the next block's input (or the chunk's): held here, so the
+      // blocks can let go of everything they saved.
+      chunk_out_[chunk] = *x;
+      for (size_t j = group->first; j <= i; ++j) blocks_[j]->release_activations();
+      x = &chunk_out_[chunk];
+      recompute_[chunk] = 1;
+    }
   }
   if (!heads) return *x;
   if (spec_.tied_head && !emb) emb.emplace(hooks_, 0);
@@ -250,16 +305,31 @@ double Decoder::backward_stage(const Tensor& targets, float grad_scale, const Te
                    " is not the expected " + shape_str(stream));
     dx.copy_from(dout);
   }
-  for (size_t i = chunk_start_[chunk + 1]; i-- > chunk_start_[chunk];) {
-    const int unit = static_cast<int>(layer_of_[i]) + 1;
-    Tensor dprev = scratch_.zeros(slots[cur ^ 1], stream);
-    {
-      UnitScope u(hooks_, unit);
-      blocks_[i]->backward(dx, dprev, scratch_);
+  // Walks the chunk's blocks back one group at a time (a block that keeps everything is a
+  // group of one with nothing to recompute).
+  for (size_t last = chunk_start_[chunk + 1]; last-- > chunk_start_[chunk];) {
+    const auto group = recompute_[chunk] ? checkpoint_group(last, chunk) : std::nullopt;
+    const size_t first = group ? group->first : last;
+    // The group's units, acquired in backward order, held through recompute and backward.
+    std::vector<std::optional<UnitScope>> held(last - first + 1);
+    for (size_t i = last + 1; i-- > first;)
+      held[i - first].emplace(hooks_, static_cast<int>(layer_of_[i]) + 1);
+    if (group) {  // its forward again, from the input it kept
+      const Tensor* x = &kept_[first];
+      for (size_t i = first; i <= last; ++i) x = &blocks_[i]->forward(*x, where_);
+      kept_[first] = Tensor();
     }
-    grads_ready(unit);
-    dx = dprev;
-    cur ^= 1;
+    for (size_t i = last + 1; i-- > first;) {
+      const int unit = static_cast<int>(layer_of_[i]) + 1;
+      Tensor dprev = scratch_.zeros(slots[cur ^ 1], stream);
+      blocks_[i]->backward(dx, dprev, scratch_);
+      if (group) blocks_[i]->release_activations();
+      held[i - first].reset();
+      grads_ready(unit);
+      dx = dprev;
+      cur ^= 1;
+    }
+    last = first;
   }
   if (!embeds) {  // the gradient at this chunk's input, for the stage before
     nn::ensure(dinput_[chunk], stream);

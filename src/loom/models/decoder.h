@@ -21,6 +21,12 @@
 // tokens: forward returns logits [B, T, Vl] as without. The gradients of the learned
 // positions and the final norm, partial then, are summed over the group.
 //
+// Activation checkpointing (models/causal_lm.h): a full-checkpointed group's input stays
+// here (kept_, sharing the storage of the tensor it was: the block before's output, x0_ or
+// the pipeline's received input), and so does the chunk's output when its last group
+// released it; the blocks release the rest (nn/decoder_block.h). Backward acquires a group's
+// units in backward order once, for both its recompute and its backward, so the recompute
+// fires no hook a forward would (ZeRO-3's gathered parameters are in place for it).
 // Positions: a row's tokens sit at 0..T-1 or at the packed ids given; a KV prefix of length
 // P shifts them to P.. for the learned position table and the rotary tables, as transformers
 // does, while packed-row masking uses the unshifted ids.
@@ -28,7 +34,9 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/models/causal_lm.h"
@@ -99,7 +107,10 @@ class Decoder : public CausalLM {
   // unless `buffers` says DeclareOnly.
   Decoder(DecoderSpec spec, ParamBuffers buffers);
   const nn::TensorParallel& tensor_parallel() const { return spec_.tp; }
-  int64_t stage_layers() const { return static_cast<int64_t>(blocks_.size()); }
+  // Elements the stage's blocks hold for one micro-batch under the activation checkpointing
+  // set, from one block's saved elements `layer` (att among them), its attention
+  // probabilities `att`, and one residual-stream tensor `io` (a group's kept input).
+  int64_t blocks_activation_elems(int64_t layer, int64_t att, int64_t io) const;
 
  private:
   // Token rows x [N, C] (N = ids' count) = token table rows (+ position rows at abs_pos).
@@ -114,6 +125,9 @@ class Decoder : public CausalLM {
   void set_positions();
   // Rotary tables [n, D/2] at positions `pos` (none when the model has no rotary embedding).
   void rope_tables(const int32_t* pos, int64_t n, Tensor& cos, Tensor& sin) const;
+  // Full activation checkpointing: the group [first, last] of blocks_ that block i of `chunk`
+  // belongs to, or nullopt when it keeps everything.
+  std::optional<std::pair<size_t, size_t>> checkpoint_group(size_t i, int chunk) const;
 
   DecoderSpec spec_;
   std::vector<std::pair<int64_t, int64_t>> chunks_;  // this rank's layers (spec.stage)
@@ -128,11 +142,14 @@ class Decoder : public CausalLM {
   std::unique_ptr<nn::LMHead> head_;
   nn::Scratch scratch_;
   Tensor ids_, x0_;
-  std::vector<Tensor> dinput_;  // per chunk: the gradient at its input (not the model's first)
-  Tensor head_in_;              // sequence parallel: the final norm's rows gathered [B, T, C]
-  Tensor pos_, abs_pos_;        // position ids [B, T] of the forward; + prefix length
-  nn::Positions where_;         // what the blocks see (packed ids, rotary tables)
-  bool pos_is_custom_ = false;  // pos_ came from the caller (packed rows)
+  std::vector<Tensor> dinput_;     // per chunk: the gradient at its input (not the model's first)
+  Tensor head_in_;                 // sequence parallel: the final norm's rows gathered [B, T, C]
+  Tensor pos_, abs_pos_;           // position ids [B, T] of the forward; + prefix length
+  nn::Positions where_;            // what the blocks see (packed ids, rotary tables)
+  std::vector<Tensor> kept_;       // per block: its group's input, when it starts one
+  std::vector<Tensor> chunk_out_;  // per chunk: its output, when its last group released it
+  std::vector<char> recompute_;    // per chunk: its last forward released groups
+  bool pos_is_custom_ = false;     // pos_ came from the caller (packed rows)
 };
 
 }  // namespace loom::models

@@ -30,6 +30,11 @@ class BottleneckAdapter {
   std::vector<Parameter*> params() const {
     return {down_.weight(), down_.bias(), up_.weight(), up_.bias()};
   }
+  void release_activations() {  // activation checkpointing (nn/decoder_block.h)
+    down_.release_activations();
+    up_.release_activations();
+    act_ = y_ = Tensor();
+  }
 
  private:
   AdapterSpec spec_;

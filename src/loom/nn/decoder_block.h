@@ -6,6 +6,15 @@
 //   [N/tp, C] of the [N = B*T, C] tokens; Positions says what B and T are.
 //   forward_cached: inference, batch 1: x [1, n, C] at positions past.., appending the layer's
 //                   keys and values to kc/vc [capacity, kv width] at rows past..past+n-1
+// Activation checkpointing (models/causal_lm.h) releases what a forward saved:
+//   release_activations: every tensor the block and its modules hold from the last forward
+//                   (norms' inputs and outputs, linears' saved inputs and outputs, q/k/v,
+//                   att, ctx, MLP intermediates, LoRA's and adapters' saved tensors, the
+//                   output), so their storage is freed unless someone else holds it (the
+//                   input x belongs to the caller, who keeps it to recompute from). The next
+//                   forward allocates them again; backward needs such a forward first.
+//   release_scores: only attention's probabilities [B, H, T, P + T]; backward recomputes
+//                   them from the saved q and k (selective recompute), the same bits.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +53,8 @@ class DecoderBlock {
   virtual void add_adapters(ParamStore& ps, const std::string& name, int64_t C,
                             const AdapterSpec& spec) = 0;
   virtual void attach_prefix(KVPrefix* prefix, int64_t layer) = 0;
+  virtual void release_activations() = 0;
+  virtual void release_scores() = 0;
 };
 
 }  // namespace loom::nn

@@ -50,6 +50,12 @@ const Tensor& FusedQKVAttention::forward_cached(const Tensor& x, const Positions
   return c_proj_.forward(ctx_);
 }
 
+void FusedQKVAttention::release_activations() {
+  c_attn_.release_activations();
+  c_proj_.release_activations();
+  att_ = ctx_ = Tensor();
+}
+
 void FusedQKVAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch) {
   const int64_t B = ctx_.dim(0), T = ctx_.dim(1);
   Tensor dctx = scratch.zeros("attn.dctx", {B, T, C_});
@@ -64,8 +70,15 @@ void FusedQKVAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& sc
     dpk = scratch.zeros("attn.dpk", {B, d.P, C_});
     dpv = scratch.zeros("attn.dpv", {B, d.P, C_});
   }
+  // Selective recompute: the probabilities again from q and k, bit for bit the forward's
+  // (the same kernel), in scratch that every layer shares.
+  Tensor att = att_;
+  if (!att.defined()) {
+    att = scratch.zeros("attn.att", {B, NH_, T, d.P + T});
+    kernels::attention_forward(nullptr, att.f32(), q, q + C_, q + 2 * C_, d);
+  }
   kernels::attention_backward(dq, dq + C_, dq + 2 * C_, dctx.f32(), q, q + C_, q + 2 * C_,
-                              att_.f32(), d, prefix_ ? dpk.f32() : nullptr,
+                              att.f32(), d, prefix_ ? dpk.f32() : nullptr,
                               prefix_ ? dpv.f32() : nullptr);
   if (prefix_) prefix_->accumulate(dpk.f32(), dpv.f32(), B, layer_);
   c_attn_.backward(dqkv, dx);

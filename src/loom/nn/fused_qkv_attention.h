@@ -2,7 +2,8 @@
 // softmax attention over NH heads, output projection (c_proj [C, C]).
 //   forward : x [B, T, C] -> y [B, T, C]   (saves qkv [B,T,3C], att [B,NH,T,T], ctx [B,T,C])
 //             (Positions: only the packed-row ids; GPT-2's positions are learned embeddings)
-//   backward: dy -> dx += ...              (scratch: dctx [B,T,C], dqkv [B,T,3C])
+//   backward: dy -> dx += ...              (scratch: dctx [B,T,C], dqkv [B,T,3C]; att when
+//             released: recomputed from the saved qkv)
 // Tensor parallel (Megatron): c_attn is column-parallel with q, k and v each split, so a
 // rank holds NH/tp whole heads and C above reads C/tp; c_proj is row-parallel. x must be
 // replicated; dx is then a partial sum over the ranks (the block applies f's backward).
@@ -27,6 +28,10 @@ class FusedQKVAttention {
   const Tensor& forward_cached(const Tensor& x, const Positions& p, const Tensor& kc,
                                const Tensor& vc, int64_t past);
   std::vector<Linear*> linears() { return {&c_attn_, &c_proj_}; }
+  // Activation checkpointing (nn/decoder_block.h): every saved tensor, or only the
+  // probabilities att (selective: backward then recomputes them from the saved q and k).
+  void release_activations();
+  void release_scores() { att_ = Tensor(); }
   // Prefix tuning: attend to `prefix`'s keys and values for `layer` as well.
   void attach_prefix(KVPrefix* prefix, int64_t layer) {
     prefix_ = prefix;

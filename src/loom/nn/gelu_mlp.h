@@ -21,6 +21,11 @@ class GeluMLP {
   const Tensor& forward(const Tensor& x);
   void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
   std::vector<Linear*> linears() { return {&c_fc_, &c_proj_}; }
+  void release_activations() {  // activation checkpointing (nn/decoder_block.h)
+    c_fc_.release_activations();
+    c_proj_.release_activations();
+    g_ = Tensor();
+  }
 
  private:
   ColumnParallelLinear c_fc_;

@@ -85,6 +85,11 @@ const Tensor& GqaAttention::forward_cached(const Tensor& x, const Positions& p, 
   return o_.forward(ctx_);
 }
 
+void GqaAttention::release_activations() {
+  for (Linear* l : linears()) l->release_activations();
+  att_ = ctx_ = cos_ = sin_ = Tensor();
+}
+
 void GqaAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch) {
   const int64_t B = ctx_.dim(0), T = ctx_.dim(1), D = d_.head_dim, NH = d_.n_head,
                 NKV = d_.n_kv_head;
@@ -100,8 +105,16 @@ void GqaAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch
     dpk = scratch.zeros("gqa.dpk", {B, ad.P, NKV * D});
     dpv = scratch.zeros("gqa.dpv", {B, ad.P, NKV * D});
   }
+  // Selective recompute: the probabilities again from the rotated q and k, bit for bit the
+  // forward's (the same kernel), in scratch that every layer shares.
+  Tensor att = att_;
+  if (!att.defined()) {
+    att = scratch.zeros("gqa.att", {B, NH, T, ad.P + T});
+    kernels::attention_forward(nullptr, att.f32(), q_.output().f32(), k_.output().f32(),
+                               v_.output().f32(), ad);
+  }
   kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dctx.f32(), q_.output().f32(),
-                              k_.output().f32(), v_.output().f32(), att_.f32(), ad,
+                              k_.output().f32(), v_.output().f32(), att.f32(), ad,
                               prefix_ ? dpk.f32() : nullptr, prefix_ ? dpv.f32() : nullptr);
   if (prefix_) prefix_->accumulate(dpk.f32(), dpv.f32(), B, layer_);
   kernels::rope_backward(dq.f32(), cos_.f32(), sin_.f32(), B * T, NH, D, NH * D);

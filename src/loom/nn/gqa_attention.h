@@ -3,7 +3,8 @@
 // output projection o_proj. Names follow transformers: <name>.q_proj, k_proj, v_proj, o_proj.
 //   forward : x [B, T, C], Positions (rope cos/sin [B*T, D/2], packed ids) -> y [B, T, C]
 //             (saves rotated q [B,T,NH*D], k, v [B,T,NKV*D], att [B,NH,T,T], ctx)
-//   backward: dy -> dx += ...   (scratch: dctx, dq, dk, dv)
+//   backward: dy -> dx += ...   (scratch: dctx, dq, dk, dv; att when released: recomputed
+//             from the saved rotated q and k)
 // Tensor parallel (Megatron): q, k, v column-parallel, o row-parallel; a rank holds NH/tp
 // query heads and NKV/tp key/value heads, or, when tp exceeds NKV (tp a multiple of it), the
 // one KV head its query heads use, replicated over tp/NKV ranks (their gradients summed).
@@ -35,6 +36,10 @@ class GqaAttention {
   const Tensor& forward_cached(const Tensor& x, const Positions& p, const Tensor& kc,
                                const Tensor& vc, int64_t past);
   std::vector<Linear*> linears() { return {&q_, &k_, &v_, &o_}; }
+  // Activation checkpointing (nn/decoder_block.h): every saved tensor, or only the
+  // probabilities att (selective: backward then recomputes them from the saved q and k).
+  void release_activations();
+  void release_scores() { att_ = Tensor(); }
   // Prefix tuning: attend to `prefix`'s keys and values for `layer` as well.
   void attach_prefix(KVPrefix* prefix, int64_t layer) {
     prefix_ = prefix;

@@ -18,6 +18,7 @@ class LayerNorm final : public Norm {
   void backward(const Tensor& dy, const Tensor& dx) override;
   const Tensor& output() const override { return y_; }
   std::vector<Parameter*> params() const override { return {w_, b_}; }
+  void release_activations() override { x_ = y_ = mean_ = rstd_ = Tensor(); }
 
  private:
   Parameter *w_, *b_;

@@ -100,6 +100,11 @@ void sum_grad_over_replicas(const TensorParallel& tp, int replicas, Parameter& p
 }
 }  // namespace
 
+void Linear::release_activations() {
+  x_ = y_ = full_ = Tensor();
+  if (lora_) lora_->release_activations();
+}
+
 void Linear::backward(const Tensor& dy, const Tensor& dx) {
   float* dxp = dx.defined() ? dx.f32() : nullptr;
   const int64_t N = x_.numel() / in_;

@@ -45,6 +45,9 @@ class Linear {
   int64_t in_features() const { return in_; }  // local (this rank's) sizes
   int64_t out_features() const { return out_; }
   const Tensor& output() const { return y_; }  // last forward's y
+  // Drops x, y and the branch's saved tensors (activation checkpointing); the next forward
+  // allocates y again.
+  void release_activations();
 
  protected:
   // A split of W over tp: column with `parts` output blocks split alike, of which ranks

@@ -58,6 +58,9 @@ class LoRA {
   // W [out, in] += scale * B @ A: the merged weight (export, or inference without the branch).
   // Under tensor parallelism W is this rank's shard, and B_r A or B A_r is exactly its slice.
   void merge_into(float* W) const;
+  // Drops the saved x and u (activation checkpointing: a forward again rebuilds them, and the
+  // dropout mask, a function of the position, with them).
+  void release_activations() { x_ = u_ = Tensor(); }
 
   Parameter* A() const { return a_; }
   Parameter* B() const { return b_; }

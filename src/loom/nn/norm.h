@@ -3,6 +3,8 @@
 //   forward : x [..., C] -> y [..., C]   (owned by the layer, saved for backward)
 //   backward: dy -> dx += ...
 //   params  : its parameters (sequence parallel sums their gradients over the tp group)
+//   release_activations: drops x, y and the statistics (activation checkpointing: the
+//                        next forward allocates them again; backward needs a forward first)
 #pragma once
 
 #include <vector>
@@ -19,6 +21,7 @@ class Norm {
   virtual void backward(const Tensor& dy, const Tensor& dx) = 0;
   virtual const Tensor& output() const = 0;  // last forward's y
   virtual std::vector<Parameter*> params() const = 0;
+  virtual void release_activations() = 0;
 };
 
 }  // namespace loom::nn

@@ -75,6 +75,17 @@ class PreNormBlock final : public DecoderBlock {
     attn_.attach_prefix(prefix, layer);
   }
 
+  void release_activations() override {
+    norm1_.release_activations();
+    norm2_.release_activations();
+    attn_.release_activations();
+    mlp_.release_activations();
+    for (auto* ad : {attn_adapter_.get(), mlp_adapter_.get()})
+      if (ad) ad->release_activations();
+    h_ = out_ = attn_in_ = mlp_in_ = Tensor();
+  }
+  void release_scores() override { attn_.release_scores(); }
+
  private:
   // x [B, T, C], attention output [B, T, C] -> the block's output (residuals, MLP, adapters).
   // (Sequence parallel: all three are this rank's rows [N/tp, C].)

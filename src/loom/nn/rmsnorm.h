@@ -18,6 +18,7 @@ class RMSNorm final : public Norm {
   void backward(const Tensor& dy, const Tensor& dx) override;
   const Tensor& output() const override { return y_; }
   std::vector<Parameter*> params() const override { return {w_}; }
+  void release_activations() override { x_ = y_ = rstd_ = Tensor(); }
   Parameter* weight() const { return w_; }
 
  private:

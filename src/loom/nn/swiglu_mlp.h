@@ -21,6 +21,10 @@ class SwiGluMLP {
   const Tensor& forward(const Tensor& x);
   void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
   std::vector<Linear*> linears() { return {&gate_, &up_, &down_}; }
+  void release_activations() {  // activation checkpointing (nn/decoder_block.h)
+    for (Linear* l : linears()) l->release_activations();
+    h_ = Tensor();
+  }
 
  private:
   ColumnParallelLinear gate_, up_;

@@ -158,6 +158,15 @@ void apply_override(json& j, const std::string& assignment) {
   *node = value;
 }
 
+std::string checkpointing_str(const models::ActivationCheckpointing& ac) {
+  using G = models::ActivationCheckpointing::Granularity;
+  if (ac.granularity == G::selective) return "selective activation checkpointing";
+  if (ac.granularity != G::full) return "";
+  return std::string("full activation checkpointing (") +
+         (ac.block_method ? "block, " : "uniform, ") + std::to_string(ac.num_layers) + " layer" +
+         (ac.num_layers > 1 ? "s)" : ")");
+}
+
 TrainConfig parse_config(const json& j, const std::string& where, int64_t world) {
   Reader r{where, ""};
   r.only(j, {"model",
@@ -184,6 +193,7 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
              "resume_from",
              "tensor_parallel",
              "pipeline_parallel",
+             "activation_checkpointing",
              "trace"});
   TrainConfig c;
   c.raw = j;
@@ -263,6 +273,34 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
                      " must be \"uniform\", \"parameters\" or a list of layer "
                      "counts, got \"" +
                      pc.partition + "\"");
+    }
+  }
+  // Activation checkpointing, Megatron's recompute_granularity / recompute_method /
+  // recompute_num_layers (models/causal_lm.h).
+  if (j.contains("activation_checkpointing")) {
+    Reader ra{where, "activation_checkpointing."};
+    const json& a = j["activation_checkpointing"];
+    ra.only(a, {"granularity", "method", "num_layers"});
+    using G = models::ActivationCheckpointing::Granularity;
+    models::ActivationCheckpointing& ac = c.activation_checkpointing;
+    LOOM_CHECK(a.contains("granularity"),
+               ra.key("granularity") + " is required (full or selective)");
+    const std::string g = ra.string(a, "granularity", "");
+    LOOM_CHECK(g == "full" || g == "selective",
+               ra.key("granularity") + ": '" + g + "' is not one of full, selective");
+    ac.granularity = g == "full" ? G::full : G::selective;
+    if (ac.granularity == G::selective) {
+      // Selective recomputes every layer's attention scores; there are no groups to choose.
+      for (const char* k : {"method", "num_layers"})
+        LOOM_CHECK(!a.contains(k), ra.key(k) +
+                                       " does not apply to granularity \"selective\" "
+                                       "(it recomputes every layer's attention scores)");
+    } else {
+      const std::string m = ra.string(a, "method", "uniform");
+      LOOM_CHECK(m == "uniform" || m == "block",
+                 ra.key("method") + ": '" + m + "' is not one of uniform, block");
+      ac.block_method = m == "block";
+      ac.num_layers = ra.integer(a, "num_layers", 1, 1);
     }
   }
   const int64_t model_ranks = int64_t{c.tensor_parallel} * c.pipeline.size;

@@ -2,8 +2,8 @@
 // (train_micro_batch_size_per_gpu, gradient_accumulation_steps, train_batch_size,
 // optimizer{type,params}, scheduler{type,params}, gradient_clipping, steps_per_print,
 // wall_clock_breakdown) plus loom's own (model, data, train_steps, seed, output_dir,
-// no_decay, peft, trace, ...). Unknown keys, wrong types and inconsistent batch sizes are errors
-// naming the key.
+// no_decay, peft, trace, activation_checkpointing (Megatron's recompute), ...). Unknown keys, wrong
+// types and inconsistent batch sizes are errors naming the key.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/models/causal_lm.h"
 #include "loom/models/peft.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/loss_scaler.h"
@@ -68,6 +69,7 @@ struct TrainConfig {
   Precision precision = Precision::fp32;
   optim::LossScaleConfig loss_scale;  // fp16's keys
   std::string grad_accum_dtype = "fp32";
+  models::ActivationCheckpointing activation_checkpointing;
   int data_parallel = 1;  // world / (tensor_parallel x pipeline.size): train_batch's rule uses it
   int64_t checkpoint_interval = 0;  // steps between checkpoints (0: only the final one)
   std::string resume_from;          // a checkpoint folder to continue from
@@ -77,6 +79,10 @@ struct TrainConfig {
 // Applies one `--set key.path=value` override; value is parsed as JSON when it is valid
 // JSON, else taken as a string. Errors name the override.
 void apply_override(nlohmann::json& j, const std::string& assignment);
+
+// The activation_checkpointing setting in words for the logs: "" (none), "selective
+// activation checkpointing", "full activation checkpointing (uniform, 1 layer)".
+std::string checkpointing_str(const models::ActivationCheckpointing& ac);
 
 // Validates and resolves a config. `where` names the file in errors; world_size is the
 // number of ranks. DeepSpeed's batch rule uses the data-parallel size dp = world /

@@ -26,7 +26,8 @@ namespace {
 // pipeline stage, and the bytes a kept-quantized GGUF base holds per weight.
 class ModelSource {
  public:
-  explicit ModelSource(const TrainConfig& cfg) : peft_(cfg.peft) {
+  explicit ModelSource(const TrainConfig& cfg)
+      : peft_(cfg.peft), checkpointing_(cfg.activation_checkpointing) {
     if (!cfg.peft_from.empty()) peft_ = io::read_adapter_config(expand_user(cfg.peft_from)).config;
     const std::string path = model_path(cfg.model);
     where_ = path.empty() ? "config (model)" : expand_user(path).string();
@@ -54,6 +55,7 @@ class ModelSource {
     const nn::TensorParallel layout{nullptr, sp, tp, 0};
     auto m = models::make_model(hf_, where_, layout, stage, models::ParamBuffers::DeclareOnly);
     if (with_peft) models::declare_peft(*m, peft_);
+    m->set_activation_checkpointing(checkpointing_);
     return m;
   }
 
@@ -72,9 +74,11 @@ class ModelSource {
 
   int64_t hidden() const { return hf_.value("n_embd", hf_.value("hidden_size", int64_t{0})); }
   const models::PeftConfig& peft() const { return peft_; }
+  const models::ActivationCheckpointing& checkpointing() const { return checkpointing_; }
 
  private:
   models::PeftConfig peft_;
+  models::ActivationCheckpointing checkpointing_;
   nlohmann::json hf_;
   std::string where_;
   std::map<std::string, int64_t> quant_bytes_;  // HF name -> bytes of the whole weight's blocks
@@ -90,8 +94,9 @@ struct StageShape {
   bool first = false, last = false;  // holds the embedding / the head
   int boundaries = 0;                // chunk edges a micro-batch crosses to another rank
   // Per token, forward + backward: matmul FLOPs through f32 and through kept-quantized
-  // weights; the query width of every layer (attention costs 12 x T x width per token).
-  double f32_flops = 0, quant_flops = 0, attention_width = 0;
+  // weights; the query width of every layer (attention costs attention_flops x T x width
+  // per token: 12, and 2 or 4 more for a selective or full recompute of its forward).
+  double f32_flops = 0, quant_flops = 0, attention_width = 0, attention_flops = 12;
   std::unique_ptr<models::CausalLM> model;
 };
 
@@ -133,6 +138,22 @@ std::vector<StageShape> stage_shapes(const ModelSource& src, int tp, bool sp,
     // A tied head reads the token table on the stage that holds the head.
     const nn::Parameter* head = m.last_stage() ? m.tied_embedding() : nullptr;
     const int prefix_unit = m.num_layers() + 2;
+    // Full activation checkpointing runs the forward of the checkpointed blocks (every one,
+    // or with method block the first num_layers of each chunk) twice: 2n more per token of
+    // their weights, spread evenly over the stage's blocks here; selective recomputes the
+    // attention scores (2 x T x width more), full the attention forward (4 more).
+    using G = models::ActivationCheckpointing::Granularity;
+    const models::ActivationCheckpointing& ac = src.checkpointing();
+    double recomputed = 0;  // fraction of the stage's blocks
+    if (ac.granularity == G::full) {
+      int64_t n = 0;
+      if (range.chunks.empty()) n = std::min<int64_t>(ac.num_layers, m.num_layers());
+      for (const auto& [a, b] : range.chunks) n += std::min<int64_t>(ac.num_layers, b - a);
+      recomputed = ac.block_method ? static_cast<double>(n) / static_cast<double>(s.n_layers) : 1.0;
+      s.attention_flops += 4 * recomputed;
+    } else if (ac.granularity == G::selective) {
+      s.attention_flops += 2;
+    }
     for (const auto& p : s.model->params().all()) {
       if (!p->trainable) s.frozen_bytes += src.frozen_bytes(*p);
       // A KV prefix runs once per step, not per token.
@@ -142,10 +163,12 @@ std::vector<StageShape> stage_shapes(const ModelSource& src, int tp, bool sp,
       if (!matmul) continue;
       // Per token: forward 2n, the input's gradient 2n, the weight's gradient 2n if trained.
       const double e = static_cast<double>(shape_numel(p->shape));
+      const int u = m.unit_of(p->name);
+      const double again = u >= 1 && u <= m.num_layers() ? 2 * e * recomputed : 0.0;
       if (src.held_quantized(*p))
-        s.quant_flops += 4 * e;
+        s.quant_flops += 4 * e + again;
       else
-        s.f32_flops += (p->trainable ? 6 : 4) * e;
+        s.f32_flops += (p->trainable ? 6 : 4) * e + again;
     }
     s.attention_width = static_cast<double>(s.n_layers) * src.hidden() / tp;
   }
@@ -204,7 +227,8 @@ LayoutPlan evaluate(const std::vector<StageShape>& shapes, const Layout& l, int 
     out.stages.push_back(st);
 
     StageWork sw;
-    sw.f32_flops = tokens * (s.f32_flops + 12.0 * static_cast<double>(seq) * s.attention_width);
+    sw.f32_flops =
+        tokens * (s.f32_flops + s.attention_flops * static_cast<double>(seq) * s.attention_width);
     sw.quant_flops = tokens * s.quant_flops;
     // Megatron's 4 all-reduces of b*s*h per layer (or as many bytes in all-gathers and
     // reduce-scatters under sequence parallel), and one each for the embedding and the head.
@@ -285,9 +309,11 @@ double mib(int64_t b) { return static_cast<double>(b) / 1048576.0; }
 std::string model_line(const ModelSource& src, int tp) {
   auto whole = src.make(tp, false, {});
   const nn::ParamStore& ps = whole->params();
-  return fmt("%s%s, %.2fM parameters (%.3fM trainable)%s", whole->arch().c_str(),
+  std::string ckpt = checkpointing_str(src.checkpointing());
+  if (!ckpt.empty()) ckpt = ", " + ckpt;
+  return fmt("%s%s, %.2fM parameters (%.3fM trainable)%s%s", whole->arch().c_str(),
              src.peft().enabled() ? (" + " + src.peft().method).c_str() : "", ps.numel() / 1e6,
-             ps.trainable_numel() / 1e6, tp > 1 ? " per tensor-parallel rank" : "");
+             ps.trainable_numel() / 1e6, tp > 1 ? " per tensor-parallel rank" : "", ckpt.c_str());
 }
 
 std::string time_line(const StepTime& t) {

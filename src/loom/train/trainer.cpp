@@ -150,6 +150,8 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
              "config: peft.prefix_projection under tensor_parallel.size > 1 is not supported "
              "(its table would be saved split); set it false");
   models::apply_peft(*model_, cfg_.peft, cfg.seed);
+  const models::ActivationCheckpointing& ac = cfg.activation_checkpointing;
+  model_->set_activation_checkpointing(ac);
   if (!cfg.peft_from.empty()) io::load_adapter_weights(*model_, expand_user(cfg.peft_from));
   // Resuming: the weights the checkpoint holds (the optimizer state follows below).
   TrainerState resume;
@@ -204,6 +206,7 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
       auto c = models::make_model(model_->hf_config(), "config (pipeline stage)", tp_, load.stage,
                                   models::ParamBuffers::DeclareOnly);
       models::declare_peft(*c, cfg_.peft);
+      c->set_activation_checkpointing(ac);
       contexts.push_back(c.get());
       contexts_.push_back(std::move(c));
     }
@@ -440,16 +443,18 @@ void Trainer::run() {
                    layers_str(stage_range_) + " and up to " + std::to_string(stage_->contexts()) +
                    " micro-batches' activations)"
              : std::string();
+  std::string ckpt = checkpointing_str(cfg_.activation_checkpointing);
+  if (!ckpt.empty()) ckpt = ", " + ckpt;
   say("loom: %s%s, %.2fM parameters%s, %.3fM trainable (%.2f%%), %lld samples of %lld tokens, "
       "batch %lld = %lld x %lld accumulation x %d data-parallel ranks, tensor parallel %d%s%s, "
-      "ZeRO stage %d, %lld steps%s\n",
+      "ZeRO stage %d%s, %lld steps%s\n",
       model_->arch().c_str(), cfg_.peft.enabled() ? (" + " + cfg_.peft.method).c_str() : "",
       ps.numel() / 1e6, stage_ ? " on the first stage" : "", ps.trainable_numel() / 1e6,
       100.0 * ps.trainable_numel() / ps.numel(), static_cast<long long>(data_->size()),
       static_cast<long long>(cfg_.data.seq_len), static_cast<long long>(cfg_.train_batch),
       static_cast<long long>(cfg_.micro_batch), static_cast<long long>(cfg_.grad_accum),
       dp_->size(), cfg_.tensor_parallel, cfg_.sequence_parallel ? " (sequence parallel)" : "",
-      pipe.c_str(), cfg_.zero.stage, static_cast<long long>(cfg_.train_steps),
+      pipe.c_str(), cfg_.zero.stage, ckpt.c_str(), static_cast<long long>(cfg_.train_steps),
       step_ > 0 ? (", resuming after step " + std::to_string(step_)).c_str() : "");
   if (!data_summary_.empty()) say("data: %s\n", data_summary_.c_str());
   MemoryReport mem = memory_report();

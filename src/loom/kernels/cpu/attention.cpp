@@ -66,6 +66,7 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
         for (int64_t j = 0; j < P; ++j) pa[j] *= inv;
         for (int64_t s = s0; s <= t; ++s) a[s] *= inv;
         for (int64_t s = t + 1; s < T; ++s) a[s] = 0.0f;
+        if (!out) continue;  // the probabilities only
         float* o = out + (b * T + t) * C + h * HD;
         for (int64_t i = 0; i < HD; ++i) o[i] = 0.0f;
         for (int64_t j = 0; j < P; ++j) {
