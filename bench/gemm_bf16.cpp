@@ -83,13 +83,15 @@ int main(int argc, char** argv) {
                              l.OC);
       };
       auto run16 = [&] {
-        if (p == 0) k::matmul_forward_bf16(out.data(), xb.data(), wb.data(), nullptr, N, l.C, l.OC);
+        if (p == 0)
+          k::matmul_forward_half(k::Half::bf16, out.data(), xb.data(), wb.data(), nullptr, N, l.C,
+                                 l.OC);
         if (p == 1)
-          k::matmul_backward_bf16(dx.data(), nullptr, nullptr, dyb.data(), xb.data(), wb.data(), N,
-                                  l.C, l.OC);
+          k::matmul_backward_half(k::Half::bf16, dx.data(), nullptr, nullptr, dyb.data(), xb.data(),
+                                  wb.data(), N, l.C, l.OC);
         if (p == 2)
-          k::matmul_backward_bf16(nullptr, dw.data(), nullptr, dyb.data(), xb.data(), wb.data(), N,
-                                  l.C, l.OC);
+          k::matmul_backward_half(k::Half::bf16, nullptr, dw.data(), nullptr, dyb.data(), xb.data(),
+                                  wb.data(), N, l.C, l.OC);
       };
       const double ts = seconds(run32, reps);
       double td = 0;

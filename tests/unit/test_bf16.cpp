@@ -133,11 +133,12 @@ TEST(Bf16, LinearProductsMatchFp32OnRoundedValues) {
     std::vector<float> out32(N * OC), out16(N * OC), dx32(N * C, 0.25f), dx16(N * C, 0.25f),
         dw32(OC * C, -1.0f), dw16(OC * C, -1.0f), db32(OC, 2.0f), db16(OC, 2.0f);
     kernels::matmul_forward(out32.data(), x.data(), w.data(), b.data(), N, C, OC);
-    kernels::matmul_forward_bf16(out16.data(), xb.data(), wb.data(), b.data(), N, C, OC);
+    kernels::matmul_forward_half(kernels::Half::bf16, out16.data(), xb.data(), wb.data(), b.data(),
+                                 N, C, OC);
     kernels::matmul_backward(dx32.data(), dw32.data(), db32.data(), dy.data(), x.data(), w.data(),
                              N, C, OC);
-    kernels::matmul_backward_bf16(dx16.data(), dw16.data(), db16.data(), dyb.data(), xb.data(),
-                                  wb.data(), N, C, OC);
+    kernels::matmul_backward_half(kernels::Half::bf16, dx16.data(), dw16.data(), db16.data(),
+                                  dyb.data(), xb.data(), wb.data(), N, C, OC);
     for (size_t i = 0; i < out32.size(); ++i) ASSERT_NEAR(out16[i], out32[i], 2e-4f) << i;
     for (size_t i = 0; i < dx32.size(); ++i) ASSERT_NEAR(dx16[i], dx32[i], 2e-4f) << i;
     for (size_t i = 0; i < dw32.size(); ++i) ASSERT_NEAR(dw16[i], dw32[i], 2e-4f) << i;

@@ -117,8 +117,9 @@ TEST_F(CliErrors, PipelineLayouts) {
                  "unknown config key 'pipeline_parallel.stages'");
 }
 
-// Mixed precision: both enabled, unknown keys, and (until the step lands) training with
-// either enabled fail by name with nothing written; loom plan plans them.
+// Mixed precision: both enabled, unknown keys and 16-bit gradient accumulation (not built
+// yet) fail by name with nothing written; fp16 overflowing at min_loss_scale ends the run
+// with exit 1 naming the scale; loom plan plans them.
 TEST_F(CliErrors, MixedPrecisionKeys) {
   const std::string cfg =
       config("{\"arch\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 8, \"n_head\": 2}");
@@ -130,7 +131,20 @@ TEST_F(CliErrors, MixedPrecisionKeys) {
                  "unknown config key 'bf16.loss_scale'");
   expect_failure(run("train " + cfg + " --set data_types.grad_accum_dtype=fp8"),
                  "'data_types.grad_accum_dtype'");
-  expect_failure(run("train " + cfg + " --set bf16.enabled=true"), "'bf16.enabled'");
+  expect_failure(
+      run("train " + cfg + " --set bf16.enabled=true --set data_types.grad_accum_dtype=bf16"),
+      "'data_types.grad_accum_dtype': \"bf16\" is not implemented yet");
+  // At 2^40 the scaled logit gradients overflow fp16 on every step down to 2^30.
+  const Result scale =
+      run("train " + cfg +
+          " --set fp16.enabled=true --set fp16.initial_scale_power=40 --set train_steps=30 --set "
+          "fp16.hysteresis=1 --set fp16.min_loss_scale=1073741824");
+  EXPECT_EQ(scale.code, 1) << scale.output;
+  EXPECT_NE(scale.output.find("gradients overflowed at the minimum loss scale 1.07374e+09"),
+            std::string::npos)
+      << scale.output;
+  EXPECT_FALSE(fs::exists(out() / "checkpoint-final")) << "a run that failed saved a model";
+  fs::remove_all(out());
   // A dtype loom export cannot write: exit 1 naming it, no folder.
   const fs::path model = model_folder();
   const Result ex =

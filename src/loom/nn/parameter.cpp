@@ -206,6 +206,7 @@ void ParamStore::share_from(const ParamStore& owner) {
     p.value = o.value;
     p.grad = o.grad;
     p.quant = o.quant;
+    p.half = o.half;
   }
   values_ = owner.values_;
   grads_ = owner.grads_;

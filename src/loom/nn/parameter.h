@@ -8,6 +8,8 @@
 // values are kept, views move to the new buffers. A frozen weight may instead be held in
 // ggml blocks (`quant`, QLoRA-style); it then has no f32 value and no slot in the buffer.
 // Parameter pointers stay valid for the store's lifetime; modules read p->value at use.
+// Mixed precision (bf16/fp16) gives a weight a 16-bit copy (`half`) that its products use
+// (nn/weight_ops.h); the f32 value stays the working copy everything else reads.
 #pragma once
 
 #include <functional>
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/kernels/cpu/bf16.h"
 #include "loom/tensor/ggml_quant.h"
 #include "loom/tensor/tensor.h"
 
@@ -39,6 +42,16 @@ struct ShardSpec {
 // What a parameter is, for rules that depend on it (weight decay exclusions).
 enum class ParamKind : uint8_t { Weight, Bias, Norm, Embedding };
 
+// The 16-bit copy of a weight's f32 value that its products read under mixed precision:
+// made on first use after whoever changes the value (the optimizer step, a ZeRO-3 gather)
+// marks it stale, dropped with the value when the value is released. Shared by a pipeline
+// stage's activation contexts, as the value is.
+struct HalfCopy {
+  kernels::Half format = kernels::Half::bf16;
+  Tensor data;  // p.shape, BF16 or F16; undefined until first use
+  bool stale = true;
+};
+
 struct Parameter {
   std::string name;  // logical name, e.g. "transformer.h.3.attn.c_attn.weight"
   Shape shape;       // local shape (== full_shape when unsharded)
@@ -58,6 +71,7 @@ struct Parameter {
   Tensor value;             // undefined when quant is set
   Tensor grad;              // undefined when frozen
   std::shared_ptr<const QuantMatrix> quant;  // frozen weight kept in ggml blocks, [out, in]
+  std::shared_ptr<HalfCopy> half;            // mixed precision: the products' 16-bit weight
 
   bool quantized() const { return quant != nullptr; }
 };

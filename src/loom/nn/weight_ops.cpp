@@ -1,14 +1,58 @@
 #include "loom/nn/weight_ops.h"
 
+#include <vector>
+
 #include "loom/kernels/cpu/embedding.h"
 #include "loom/kernels/cpu/matmul.h"
+#include "loom/kernels/cpu/matmul_bf16.h"
 #include "loom/kernels/cpu/qmatmul.h"
 
 namespace loom::nn {
 
+namespace {
+// w's 16-bit copy, converted from its f32 value when stale.
+const uint16_t* half_weight(const Parameter& w) {
+  HalfCopy& h = *w.half;
+  if (!h.data.defined()) {
+    h.data = Tensor::zeros(w.shape, h.format == kernels::Half::bf16 ? DType::BF16 : DType::F16);
+    h.stale = true;
+  }
+  if (h.stale) {
+    kernels::to_half(h.format, w.value.f32(), static_cast<uint16_t*>(h.data.raw()), h.data.numel());
+    h.stale = false;
+  }
+  return static_cast<const uint16_t*>(h.data.raw());
+}
+
+// An fp32 activation rounded to the 16-bit format, in a per-thread buffer reused across calls
+// (slot: two operands of one product are live at once).
+const uint16_t* rounded(kernels::Half f, const float* x, int64_t n, int slot) {
+  thread_local std::vector<uint16_t> buf[2];
+  buf[slot].resize(static_cast<size_t>(n));
+  kernels::to_half(f, x, buf[slot].data(), n);
+  return buf[slot].data();
+}
+}  // namespace
+
+void use_half_weights(ParamStore& ps, kernels::Half format) {
+  for (const auto& p : ps.all())
+    if (p->shape.size() == 2 && !p->quantized() &&
+        (p->kind == ParamKind::Weight || p->kind == ParamKind::Embedding))
+      p->half = std::make_shared<HalfCopy>(HalfCopy{format, Tensor(), true});
+}
+
+void mark_half_stale(const Parameter& p) {
+  if (p.half) p.half->stale = true;
+}
+
 void weight_forward(float* y, const float* x, const Parameter& w, const Parameter* b, int64_t N) {
   const float* bias = b ? b->value.f32() : nullptr;
   if (w.quantized()) return kernels::qmatmul_forward(y, x, *w.quant, bias, N);
+  if (w.half) {
+    const int64_t C = w.shape[1];
+    return kernels::matmul_forward_half(w.half->format, y, rounded(w.half->format, x, N * C, 0),
+                                        half_weight(w), bias, N, C, w.shape[0]);
+  }
   kernels::matmul_forward(y, x, w.value.f32(), bias, N, w.shape[1], w.shape[0]);
 }
 
@@ -20,6 +64,14 @@ void weight_backward(float* dx, const float* dy, const float* x, Parameter& w, P
     if (db)
       kernels::matmul_backward(nullptr, nullptr, db, dy, x, nullptr, N, w.shape[1], w.shape[0]);
     return;
+  }
+  if (w.half) {
+    const kernels::Half f = w.half->format;
+    const int64_t C = w.shape[1], OC = w.shape[0];
+    const uint16_t* dyh = rounded(f, dy, N * OC, 0);
+    const uint16_t* xh = w.trainable ? rounded(f, x, N * C, 1) : nullptr;
+    return kernels::matmul_backward_half(f, dx, w.trainable ? w.grad.f32() : nullptr, db, dyh, xh,
+                                         half_weight(w), N, C, OC);
   }
   kernels::matmul_backward(dx, w.trainable ? w.grad.f32() : nullptr, db, dy, x, w.value.f32(), N,
                            w.shape[1], w.shape[0]);

@@ -1,10 +1,13 @@
 // Products with a weight parameter W [out, in] whatever form it is held in: f32 (through
-// BLAS) or frozen ggml blocks (tile by tile, kernels/cpu/qmatmul.h). Linear layers, LM
-// heads and embeddings call these, so a quantized base needs no code of its own elsewhere.
+// BLAS), frozen ggml blocks (tile by tile, kernels/cpu/qmatmul.h) or, under mixed
+// precision, its 16-bit copy (p.half): then x and dy are rounded to the same format and the
+// GEMMs accumulate in fp32 (kernels/cpu/matmul_bf16.h), while the bias, the outputs and the
+// gradients stay fp32 - torch.autocast's rule for linear layers. Linear layers, LM heads
+// and embeddings call these, so a quantized or 16-bit base needs no code of its own elsewhere.
 //   weight_forward : y[N, out] = x[N, in] @ W^T (+ b)
 //   weight_backward: dx[N, in] += dy @ W (dx may be null); dW += dy^T x and db += sum_n dy
 //                    when those parameters are trainable
-//   weight_rows    : out[n] (=|+=) W[ids[n]]  (embedding lookup)
+//   weight_rows    : out[n] (=|+=) W[ids[n]]  (embedding lookup: fp32 rows, as autocast)
 #pragma once
 
 #include "loom/nn/parameter.h"
@@ -15,5 +18,11 @@ void weight_forward(float* y, const float* x, const Parameter& w, const Paramete
 void weight_backward(float* dx, const float* dy, const float* x, Parameter& w, Parameter* b,
                      int64_t N);
 void weight_rows(float* out, const int32_t* ids, int64_t N, const Parameter& w, bool accumulate);
+
+// Mixed precision: gives every f32 matrix (2-D weight or embedding, not quantized) of ps a
+// 16-bit copy in `format` (allocated on its first product, so a table only looked up never
+// has one), and marks the copies of parameters whose values changed.
+void use_half_weights(ParamStore& ps, kernels::Half format);
+void mark_half_stale(const Parameter& p);
 
 }  // namespace loom::nn

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "loom/kernels/cpu/elementwise.h"
+#include "loom/nn/weight_ops.h"
 #include "loom/optim/clip.h"
 #include "loom/util/error.h"
 #include "loom/util/profile.h"
@@ -174,6 +175,7 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
     ps.drop_trainable_values();
   }
   if (cfg_.stage >= 2) ps.drop_grads();
+  if (cfg_.half) nn::use_half_weights(ps, *cfg_.half);
   mem_ = part_.memory(cfg_.stage, frozen_bytes);
   model_.set_unit_hooks(this);
 }
@@ -314,6 +316,7 @@ void ZeroEngine::optimizer_step(float lr, float clip_coef) {
   drop_prefetches();
   if (cfg_.stage == 0) {
     opt_->step(model_.params(), lr, clip_coef);
+    mark_updated();
     return;
   }
   segments_.clear();
@@ -322,6 +325,12 @@ void ZeroEngine::optimizer_step(float lr, float clip_coef) {
                          r.end - r.begin, opt_->config().decays(r.param->kind)});
   opt_->step(segments_, lr, clip_coef);
   if (cfg_.stage <= 2) sync_params();
+  mark_updated();
+}
+
+void ZeroEngine::mark_updated() {
+  for (const Unit& u : units_)
+    for (nn::Parameter* p : u.params) nn::mark_half_stale(*p);
 }
 
 void ZeroEngine::sync_params() {
@@ -441,6 +450,7 @@ void ZeroEngine::acquire(int unit) {
       if (!u.value.defined()) start_gather(unit);
       u.gather.wait();
       point(u, &nn::Parameter::value, u.value);
+      for (nn::Parameter* p : u.params) nn::mark_half_stale(*p);
     }
     // Prefetch the unit that runs next: forward goes up, backward down.
     const int next = in_backward_ ? unit - 1 : unit + 1;
@@ -460,6 +470,8 @@ void ZeroEngine::release(int unit) {
   if (cfg_.stage < 3 || u.len == 0) return;
   if (--u.refs > 0) return;
   point(u, &nn::Parameter::value, Tensor());
+  for (nn::Parameter* p : u.params)
+    if (p->half) p->half->data = Tensor();
   u.value = Tensor();
 }
 

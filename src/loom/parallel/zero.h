@@ -20,10 +20,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "loom/dist/communicator.h"
+#include "loom/kernels/cpu/bf16.h"
 #include "loom/models/causal_lm.h"
 #include "loom/optim/adamw.h"
 
@@ -32,6 +34,10 @@ namespace loom::parallel {
 struct ZeroConfig {
   int stage = 0;
   int64_t reduce_bucket_size = 500'000'000;  // elements per stage-0 all-reduce (DeepSpeed's)
+  // Mixed precision: the model's matrices get 16-bit copies for their products
+  // (nn/weight_ops.h), refreshed from the updated f32 values after every optimizer step
+  // (and, at stage 3, after every gather); the f32 values stay the master AdamW updates.
+  std::optional<kernels::Half> half;
 };
 
 // Bytes one rank holds for the model state under a stage, and the engine's buffers: what
@@ -139,6 +145,7 @@ class ZeroEngine : public models::UnitHooks {
   void start_gather(int unit);
   void drop_prefetches();  // gathered units nobody holds
   void sync_params();      // stage 1/2: all-gather the updated pieces
+  void mark_updated();     // the trainable values changed: their 16-bit copies are stale
 
   // The unit holding trainable p, and p's first element in it.
   std::pair<int, int64_t> unit_of(const nn::Parameter& p) const;

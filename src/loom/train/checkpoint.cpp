@@ -1,6 +1,7 @@
 #include "loom/train/checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <vector>
 
@@ -91,13 +92,19 @@ void save_train_checkpoint(const fs::path& dir, const TrainerState& st,
   world.barrier();
   if (world.rank() == 0) {
     finish_model(tmp);
-    io::write_json_file(tmp / "trainer_state.json",
-                        json{{"step", st.step},
-                             {"train_batch_size", st.train_batch},
-                             {"world_size", st.world_size},
-                             {"zero_stage", st.zero_stage},
-                             {"tensor_parallel_size", st.tensor_parallel},
-                             {"pipeline_parallel_size", st.pipeline_parallel}});
+    json state{{"step", st.step},
+               {"train_batch_size", st.train_batch},
+               {"world_size", st.world_size},
+               {"zero_stage", st.zero_stage},
+               {"tensor_parallel_size", st.tensor_parallel},
+               {"pipeline_parallel_size", st.pipeline_parallel},
+               {"skipped_steps", st.skipped_steps}};
+    if (st.loss_scaler)
+      state["loss_scaler"] = {{"scale", st.loss_scaler->scale},
+                              {"iter", st.loss_scaler->iter},
+                              {"last_overflow_iter", st.loss_scaler->last_overflow_iter},
+                              {"hysteresis_left", st.loss_scaler->hysteresis_left}};
+    io::write_json_file(tmp / "trainer_state.json", state);
     if (fs::exists(dir)) fs::remove_all(dir);
     fs::rename(tmp, dir);
   }
@@ -122,6 +129,26 @@ TrainerState read_trainer_state(const fs::path& dir) {
     st.tensor_parallel = static_cast<int>(get("tensor_parallel_size"));
   if (j.contains("pipeline_parallel_size"))
     st.pipeline_parallel = static_cast<int>(get("pipeline_parallel_size"));
+  if (j.contains("skipped_steps")) st.skipped_steps = get("skipped_steps");
+  LOOM_CHECK(st.skipped_steps <= st.step,
+             f.string() + ": 'skipped_steps' exceeds 'step' (" + std::to_string(st.step) + ")");
+  if (j.contains("loss_scaler")) {
+    const json& ls = j["loss_scaler"];
+    auto num = [&](const char* k) {
+      LOOM_CHECK(ls.is_object() && ls.contains(k) && ls[k].is_number(),
+                 f.string() + ": key 'loss_scaler." + k + "' must be a number");
+      return ls[k].get<double>();
+    };
+    optim::LossScaler::State s;
+    s.scale = num("scale");
+    s.iter = static_cast<int64_t>(num("iter"));
+    s.last_overflow_iter = static_cast<int64_t>(num("last_overflow_iter"));
+    s.hysteresis_left = static_cast<int>(num("hysteresis_left"));
+    LOOM_CHECK(std::isfinite(s.scale) && s.scale > 0 && s.iter >= 0 && s.hysteresis_left >= 0,
+               f.string() + ": 'loss_scaler' holds an impossible state (scale " +
+                   std::to_string(s.scale) + ")");
+    st.loss_scaler = s;
+  }
   return st;
 }
 

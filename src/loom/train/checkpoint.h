@@ -5,7 +5,8 @@
 //        under pipeline parallelism one model-0000s-of-0000p.safetensors per stage and
 //        model.safetensors.index.json, as transformers shards a large model)
 //   <dir>/adapter_config.json + ...          or the PEFT adapter folder (PEFT runs)
-//   <dir>/trainer_state.json                 step, global batch, the layout it was saved from
+//   <dir>/trainer_state.json                 step, global batch, the layout it was saved from,
+//        skipped steps and (fp16) the loss scaler's state
 //   <dir>/optimizer/rank<r>.safetensors      AdamW moments this rank updated, under logical
 //        names: "exp_avg/<param>" and "exp_avg_sq/<param>" hold a run of the FULL
 //        parameter's flattened elements (tensor-parallel shards in full-tensor
@@ -25,11 +26,13 @@
 
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "loom/dist/communicator.h"
 #include "loom/dist/mesh.h"
 #include "loom/nn/tensor_parallel.h"
+#include "loom/optim/loss_scaler.h"
 #include "loom/parallel/zero.h"
 
 namespace loom::train {
@@ -41,6 +44,8 @@ struct TrainerState {
   int zero_stage = 0;
   int tensor_parallel = 1;
   int pipeline_parallel = 1;
+  int64_t skipped_steps = 0;  // fp16 overflows: the learning-rate schedule lags by these
+  std::optional<optim::LossScaler::State> loss_scaler;  // saved by fp16 runs
 };
 
 // write_stage(dir): writes this stage's part of the model into the existing folder `dir`

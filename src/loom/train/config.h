@@ -62,9 +62,9 @@ struct TrainConfig {
   parallel::PipelineConfig pipeline;  // pipeline_parallel
   // Mixed precision, DeepSpeed's sections: "bf16" {enabled}, "fp16" {enabled, loss_scale,
   // initial_scale_power, loss_scale_window, hysteresis, consecutive_hysteresis,
-  // min_loss_scale} and "data_types" {grad_accum_dtype}. Parsed and checked in full, and
-  // planned (loom plan); the Trainer refuses enabled: true by name until its bf16/fp16 step
-  // lands.
+  // min_loss_scale} and "data_types" {grad_accum_dtype}. The Trainer runs the products in
+  // the 16-bit format over fp32 master weights (train/trainer.h); 16-bit gradient
+  // accumulation is parsed and planned but refused by the Trainer for now.
   enum class Precision { fp32, bf16, fp16 };
   Precision precision = Precision::fp32;
   optim::LossScaleConfig loss_scale;  // fp16's keys

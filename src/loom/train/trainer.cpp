@@ -15,6 +15,7 @@
 #include "loom/io/model_loader.h"
 #include "loom/io/peft_adapter.h"
 #include "loom/kernels/cpu/cross_entropy.h"
+#include "loom/kernels/cpu/matmul_bf16.h"
 #include "loom/models/peft.h"
 #include "loom/models/registry.h"
 #include "loom/optim/clip.h"
@@ -43,6 +44,15 @@ std::string layers_str(const models::StageRange& s) {
   for (const auto& [a, b] : s.chunks)
     out += (out.empty() ? "[" : " [") + std::to_string(a) + ", " + std::to_string(b) + ")";
   return out;
+}
+
+// fp16: "  scale 65536" (and " skipped: overflow" when the step was), else "".
+std::string scale_str(const StepStats& st) {
+  if (st.loss_scale == 1.0 && !st.skipped) return "";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "  scale %g%s", st.loss_scale,
+                st.skipped ? " (overflow: skipped)" : "");
+  return buf;
 }
 
 int64_t peak_rss_bytes() {
@@ -111,12 +121,14 @@ nlohmann::json model_hf_config(const nlohmann::json& m, const std::string& where
 Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
                  dist::ProcessMesh* mesh)
     : cfg_(cfg), data_(std::move(dataset)) {
-  LOOM_CHECK(cfg.precision == TrainConfig::Precision::fp32,
-             std::string("config key '") +
-                 (cfg.precision == TrainConfig::Precision::bf16 ? "bf16" : "fp16") +
-                 ".enabled': mixed-precision training is not implemented yet (training runs "
-                 "fp32; bf16 GEMM kernels, the fp16 loss scaler and loom plan's arithmetic have "
-                 "landed, the step has not)");
+  LOOM_CHECK(cfg.precision == TrainConfig::Precision::fp32 || cfg.grad_accum_dtype == "fp32",
+             "config key 'data_types.grad_accum_dtype': \"" + cfg.grad_accum_dtype +
+                 "\" is not implemented yet (gradients accumulate in fp32, the default)");
+  if (cfg.precision != TrainConfig::Precision::fp32)
+    cfg_.zero.half =
+        cfg.precision == TrainConfig::Precision::bf16 ? kernels::Half::bf16 : kernels::Half::f16;
+  if (cfg.precision == TrainConfig::Precision::fp16)
+    scaler_ = std::make_unique<optim::LossScaler>(cfg.loss_scale);
   if (!mesh) {
     own_world_ = std::make_unique<dist::LocalComm>();
     own_mesh_ =
@@ -213,12 +225,20 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
     stage_ = std::make_unique<parallel::PipelineStage>(contexts, mesh_->pp(), cfg.pipeline.schedule,
                                                        cfg.pipeline.virtual_stages);
   }
-  engine_ = std::make_unique<parallel::ZeroEngine>(*model_, *dp_, cfg.zero, cfg.adamw, tp_);
+  engine_ = std::make_unique<parallel::ZeroEngine>(*model_, *dp_, cfg_.zero, cfg.adamw, tp_);
   for (auto& c : contexts_) engine_->add_context(*c);  // now over the engine's layout
   sched_ = optim::Schedule::from_json(cfg.scheduler, cfg.adamw.lr, cfg.train_steps);
   if (!cfg.resume_from.empty()) {
     load_optimizer_state(resume_dir, resume, *engine_);
     step_ = resume.step;
+    skipped_ = resume.skipped_steps;
+    // fp16 continues with the saved scale; from another precision it starts afresh, the
+    // steps skipped before still counted (the learning rate moves only on applied steps).
+    if (scaler_) {
+      optim::LossScaler::State s = resume.loss_scaler.value_or(scaler_->state());
+      s.skipped_steps = resume.skipped_steps;
+      scaler_->restore(s);
+    }
   }
 }
 
@@ -258,7 +278,10 @@ StepStats Trainer::step() {
   dp_->all_reduce_sum(counts, 2);
   st.target_tokens = static_cast<int64_t>(counts[0]);
   st.tokens = static_cast<int64_t>(counts[1]);
-  const float grad_scale = 1.0f / static_cast<float>(std::max<int64_t>(st.target_tokens, 1));
+  // fp16: the loss (so every gradient) times the loss scale S; the optimizer divides it out.
+  st.loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  const float grad_scale = static_cast<float>(
+      st.loss_scale / static_cast<double>(std::max<int64_t>(st.target_tokens, 1)));
 
   // 2. Forward and backward; gradients accumulate across micro-batches. 3. Gradient sync
   //    runs inside the backward: the engine reduces each unit's gradients (all ranks' sum)
@@ -270,17 +293,28 @@ StepStats Trainer::step() {
   if (stage_) mesh_->pp().all_reduce_sum(&loss_sum, 1);  // the last stage holds it
   st.loss = loss_sum / std::max<int64_t>(st.target_tokens, 1);
 
+  if (grad_hook_) grad_hook_();
+
   // 4. Clip by the global norm, over every rank's shard and every stage (the optimizer
-  //    applies the coefficient as it reads the gradients).
+  //    applies the coefficient as it reads the gradients, and divides out the loss scale).
   double sq = engine_->grad_sq_norm();
   if (stage_) mesh_->pp().all_reduce_sum(&sq, 1);
-  st.grad_norm = std::sqrt(sq);
+  st.grad_norm = std::sqrt(sq) / st.loss_scale;
+  if (scaler_) {
+    // fp16: an inf or NaN in any rank's gradients (found-inf, reduced over the whole job:
+    // under ZeRO 0 a rank's norm covers only its own copy) skips the step everywhere, and
+    // the scaler moves (or ends the run at min_loss_scale: LossScaleError).
+    double found_inf = std::isfinite(sq) ? 0.0 : 1.0;
+    mesh_->world().all_reduce_max(&found_inf);
+    st.skipped = !scaler_->update(found_inf > 0.0);
+  }
   const float clip = optim::clip_coefficient(st.grad_norm, cfg_.gradient_clipping);
   // 5. Optimizer on this rank's shard at this step's learning rate, then 6. parameter sync.
-  st.lr = sched_.lr_at(step_);
-  {
+  //    The schedule counts applied steps only (a skipped step does not move it: DeepSpeed's).
+  st.lr = sched_.lr_at(step_ - skipped_steps() + (st.skipped ? 1 : 0));
+  if (!st.skipped) {
     trace::Span opt(trace::Kind::Optimizer);
-    engine_->optimizer_step(static_cast<float>(st.lr), clip);
+    engine_->optimizer_step(static_cast<float>(st.lr), clip / static_cast<float>(st.loss_scale));
   }
 
   ++step_;
@@ -384,8 +418,15 @@ double Trainer::evaluate() {
 }
 
 void Trainer::save_checkpoint(const fs::path& dir) {
-  TrainerState st{step_,           cfg_.train_batch,     mesh_->world().size(),
-                  cfg_.zero.stage, cfg_.tensor_parallel, cfg_.pipeline.size};
+  TrainerState st;
+  st.step = step_;
+  st.train_batch = cfg_.train_batch;
+  st.world_size = mesh_->world().size();
+  st.zero_stage = cfg_.zero.stage;
+  st.tensor_parallel = cfg_.tensor_parallel;
+  st.pipeline_parallel = cfg_.pipeline.size;
+  st.skipped_steps = skipped_steps();
+  if (scaler_) st.loss_scaler = scaler_->state();
   const std::string source = model_path(cfg_.model);
   const fs::path tokenizer_from = source.empty() ? fs::path() : expand_user(source);
   // The model: an HF folder or a PEFT adapter folder, each stage writing its tensors.
@@ -457,6 +498,18 @@ void Trainer::run() {
       pipe.c_str(), cfg_.zero.stage, ckpt.c_str(), static_cast<long long>(cfg_.train_steps),
       step_ > 0 ? (", resuming after step " + std::to_string(step_)).c_str() : "");
   if (!data_summary_.empty()) say("data: %s\n", data_summary_.c_str());
+  if (cfg_.zero.half) {
+    const bool bf = *cfg_.zero.half == kernels::Half::bf16;
+    std::string scale;
+    if (scaler_)
+      scale = std::string(scaler_->dynamic() ? ", dynamic loss scale from " : ", loss scale ") +
+              std::to_string(static_cast<long long>(scaler_->scale()));
+    say("precision: %s (matrix products on %s copies of the weights, %s; fp32 master weights, "
+        "AdamW and gradient accumulation%s)\n",
+        kernels::half_name(*cfg_.zero.half), kernels::half_name(*cfg_.zero.half),
+        bf ? kernels::bf16_gemm_description().c_str() : "fp32 sgemm on widened operands",
+        scale.c_str());
+  }
   MemoryReport mem = memory_report();
   say("memory per rank (planned): weights %s, gradients %s, optimizer state %s, buffers %s\n",
       mib(mem.state.params).c_str(), mib(mem.state.grads).c_str(), mib(mem.state.optimizer).c_str(),
@@ -489,24 +542,32 @@ void Trainer::run() {
     if (step_ == first_step + 1) mem.activations = storage_stats().peak_bytes - live_before;
     elapsed += st.seconds;
     const double tok_s = st.tokens / st.seconds;
-    record({{"step", st.step + 1},
-            {"loss", st.loss},
-            {"lr", st.lr},
-            {"grad_norm", st.grad_norm},
-            {"tokens_per_s", tok_s},
-            {"target_tokens", st.target_tokens},
-            {"step_seconds", st.seconds},
-            {"comm_bytes_sent", sent},  // by this rank (rank 0), algorithmic volume
-            {"epoch", sampler_->epoch_of(st.step)}});
+    nlohmann::json row = {{"step", st.step + 1},
+                          {"loss", st.loss},
+                          {"lr", st.lr},
+                          {"grad_norm", st.grad_norm},
+                          {"tokens_per_s", tok_s},
+                          {"target_tokens", st.target_tokens},
+                          {"step_seconds", st.seconds},
+                          {"comm_bytes_sent", sent},  // by this rank (rank 0), algorithmic volume
+                          {"epoch", sampler_->epoch_of(st.step)}};
+    if (scaler_) {  // the scale the step ran with; a skipped step's grad_norm is not finite
+      row["loss_scale"] = st.loss_scale;
+      row["skipped"] = st.skipped;
+      row["skipped_steps"] = scaler_->skipped_steps();
+      if (!std::isfinite(st.grad_norm)) row["grad_norm"] = nullptr;
+    }
+    record(row);
     LOOM_CHECK(std::isfinite(st.loss), "loss became " + std::to_string(st.loss) + " at step " +
                                            std::to_string(st.step + 1));
     const double eta = elapsed / (step_ - first_step) * (cfg_.train_steps - step_);
     const bool print_line = (step_ % cfg_.steps_per_print == 0) || step_ == cfg_.train_steps;
     // On a terminal the progress line rewrites itself; in logs it prints every steps_per_print.
     if (tty || print_line)
-      say("%sstep %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  ETA %.0fs%s",
+      say("%sstep %lld/%lld  loss %.4f  lr %.2e  |g| %.3f%s  %.0f tok/s  ETA %.0fs%s",
           tty ? "\r" : "", static_cast<long long>(step_), static_cast<long long>(cfg_.train_steps),
-          st.loss, st.lr, st.grad_norm, tok_s, eta, print_line ? "\n" : "   ");
+          st.loss, st.lr, st.grad_norm, scale_str(st).c_str(), tok_s, eta,
+          print_line ? "\n" : "   ");
     if (cfg_.eval_interval > 0 && step_ % cfg_.eval_interval == 0 && step_ < cfg_.train_steps)
       eval_line();
     if (cfg_.checkpoint_interval > 0 && step_ % cfg_.checkpoint_interval == 0 &&

@@ -1,5 +1,8 @@
 // The training engine. One step, top to bottom (see step()):
 //   data -> forward/backward per micro-batch -> grad sync -> clip -> optimizer -> param sync
+// Mixed precision (bf16 / fp16 sections): the products run on 16-bit copies of the weights
+// (parallel/zero.h, nn/weight_ops.h); fp16 scales the loss (optim/loss_scaler.h) and skips
+// the optimizer step on every rank when any rank's gradients overflowed.
 // The step's loss is the mean over every target token of the whole step's global batch
 // (all data-parallel ranks): the token count is all-reduced before the first backward, so
 // each micro-batch's gradient is scaled by 1 / (tokens in the global batch), and
@@ -9,6 +12,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <memory>
 
 #include "loom/data/dataset.h"
@@ -18,6 +22,7 @@
 #include "loom/io/model_loader.h"
 #include "loom/models/causal_lm.h"
 #include "loom/optim/adamw.h"
+#include "loom/optim/loss_scaler.h"
 #include "loom/optim/schedule.h"
 #include "loom/parallel/pipeline_stage.h"
 #include "loom/parallel/zero.h"
@@ -34,6 +39,10 @@ struct StepStats {
   int64_t tokens = 0;      // input tokens processed this step
   int64_t target_tokens = 0;
   double seconds = 0.0;
+  // fp16: the loss scale this step ran with, and whether its gradients overflowed (then
+  // the optimizer step was skipped on every rank and grad_norm is not finite).
+  double loss_scale = 1.0;
+  bool skipped = false;
 };
 
 // Builds the model a config names: a path (HF folder, GGUF file, adapter folder), or
@@ -70,6 +79,12 @@ class Trainer {
   dist::ProcessMesh& mesh() { return *mesh_; }
   const nn::TensorParallel& tensor_parallel() const { return tp_; }
   int64_t steps_done() const { return step_; }
+  // fp16's loss scaler (null in fp32 and bf16), and the steps skipped for overflow so far.
+  const optim::LossScaler* loss_scaler() const { return scaler_.get(); }
+  int64_t skipped_steps() const { return scaler_ ? scaler_->skipped_steps() : skipped_; }
+  // Tests: called on this rank after the step's gradients are reduced, before the overflow
+  // check and clipping (e.g. to plant an inf in one rank's gradients).
+  void set_grad_hook(std::function<void()> f) { grad_hook_ = std::move(f); }
 
   // Bytes this rank holds for the model state (weights as held: f32 and quantized blocks;
   // gradients and AdamW moments of the trainable parameters only, sharded as the ZeRO
@@ -104,6 +119,9 @@ class Trainer {
   std::unique_ptr<data::Sampler> sampler_;
   std::unique_ptr<parallel::ZeroEngine> engine_;
   optim::Schedule sched_;
+  std::unique_ptr<optim::LossScaler> scaler_;  // fp16
+  int64_t skipped_ = 0;  // steps skipped before a resume that dropped fp16 (the lr lags them)
+  std::function<void()> grad_hook_;
   int64_t step_ = 0;
 };
 

@@ -80,13 +80,13 @@ int64_t extent(int64_t rows, int64_t cols, int64_t ld) {
   return rows == 0 ? 0 : (rows - 1) * ld + cols;
 }
 
-void gemm_fallback(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
-                   const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm_fallback(Half h, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+                   int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   thread_local std::vector<float> a, b;
   a.resize(static_cast<size_t>(ta ? extent(K, M, lda) : extent(M, K, lda)));
   b.resize(static_cast<size_t>(tb ? extent(N, K, ldb) : extent(K, N, ldb)));
-  from_bf16(A, a.data(), static_cast<int64_t>(a.size()));
-  from_bf16(B, b.data(), static_cast<int64_t>(b.size()));
+  from_half(h, A, a.data(), static_cast<int64_t>(a.size()));
+  from_half(h, B, b.data(), static_cast<int64_t>(b.size()));
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
               K, 1.0f, a.data(), lda, b.data(), ldb, beta, C, ldc);
 }
@@ -136,38 +136,46 @@ std::string bf16_gemm_description() {
 #endif
 }
 
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
-               int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm_half(Half h, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+               const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
+               int64_t ldc) {
   if (M == 0 || N == 0) return;
   prof::ScopedPhase ph(prof::Phase::Gemm);
 #ifdef LOOM_HAVE_DNNL
-  if (chosen() == Bf16Gemm::onednn) {
+  if (h == Half::bf16 && chosen() == Bf16Gemm::onednn) {
     gemm_onednn(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
     return;
   }
 #endif
-  gemm_fallback(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
+  gemm_fallback(h, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
 
-void matmul_forward_bf16(float* out, const bf16* inp, const bf16* W, const float* b, int64_t N,
-                         int64_t C, int64_t OC) {
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
+               int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  gemm_half(Half::bf16, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
+
+void matmul_forward_half(Half h, float* out, const uint16_t* inp, const uint16_t* W, const float* b,
+                         int64_t N, int64_t C, int64_t OC) {
   float beta = 0.0f;
   if (b) {
     for (int64_t n = 0; n < N; ++n) std::memcpy(out + n * OC, b, OC * sizeof(float));
     beta = 1.0f;
   }
-  gemm_bf16(false, true, N, OC, C, inp, C, W, C, beta, out, OC);
+  gemm_half(h, false, true, N, OC, C, inp, C, W, C, beta, out, OC);
 }
 
-void matmul_backward_bf16(float* dinp, float* dW, float* db, const bf16* dout, const bf16* inp,
-                          const bf16* W, int64_t N, int64_t C, int64_t OC) {
-  if (dinp) gemm_bf16(false, false, N, C, OC, dout, OC, W, C, 1.0f, dinp, C);
-  if (dW) gemm_bf16(true, false, OC, C, N, dout, OC, inp, C, 1.0f, dW, C);
+void matmul_backward_half(Half h, float* dinp, float* dW, float* db, const uint16_t* dout,
+                          const uint16_t* inp, const uint16_t* W, int64_t N, int64_t C,
+                          int64_t OC) {
+  if (dinp) gemm_half(h, false, false, N, C, OC, dout, OC, W, C, 1.0f, dinp, C);
+  if (dW) gemm_half(h, true, false, OC, C, N, dout, OC, inp, C, 1.0f, dW, C);
   if (db) {
 #pragma omp parallel for schedule(static)
     for (int64_t o = 0; o < OC; ++o) {
       float s = 0.0f;
-      for (int64_t n = 0; n < N; ++n) s += from_bf16(dout[n * OC + o]);
+      for (int64_t n = 0; n < N; ++n)
+        s += h == Half::bf16 ? from_bf16(dout[n * OC + o]) : from_f16(dout[n * OC + o]);
       db[o] += s;
     }
   }
