@@ -3,7 +3,10 @@
 // `loom train` runs. Prints ms/step (median after warm-up), tokens/s, peak RSS, a
 // breakdown by phase, the machine's measured sgemm rate and the step's share of it, as
 // one JSON line on stdout (human-readable lines on stderr).
-//   bench_step [--steps N] [--warmup N] [--batch B] [--seq T] [--tp N]
+//   bench_step [--steps N] [--warmup N] [--batch B] [--seq T] [--tp N] [--precision P]
+// --precision bf16|fp16 (default fp32): the config's "bf16"/"fp16" section, as `loom train`
+// runs it; the JSON then also holds the 16-bit GEMM rate of the same shape and the step's
+// share of it (fraction_of_half_gemm).
 // Threads: OMP_NUM_THREADS (bench/run.sh sets 2 and OMP_WAIT_POLICY=PASSIVE).
 // --tp N (under `mpirun -np W`, N dividing W): the same step with tensor parallelism, the
 // model split over N ranks (dp = W / N, B sequences per dp rank). Rank 0 prints one JSON
@@ -26,6 +29,7 @@
 #include "loom/data/dataset.h"
 #include "loom/dist/communicator.h"
 #include "loom/dist/mesh.h"
+#include "loom/kernels/cpu/matmul_bf16.h"
 #include "loom/train/trainer.h"
 #include "loom/util/profile.h"
 
@@ -48,6 +52,21 @@ double sgemm_gflops(int64_t M, int64_t N, int64_t K) {
   return 2.0 * M * N * K / best / 1e9;
 }
 
+// The same with 16-bit operands and fp32 accumulation (kernels/cpu/matmul_bf16.h's backend).
+double half_gemm_gflops(loom::kernels::Half h, int64_t M, int64_t N, int64_t K) {
+  std::vector<uint16_t> a(M * K), b(N * K);
+  std::vector<float> af(M * K, 0.5f), bf(N * K, 0.25f), c(M * N);
+  loom::kernels::to_half(h, af.data(), a.data(), M * K);
+  loom::kernels::to_half(h, bf.data(), b.data(), N * K);
+  double best = 1e30;
+  for (int r = 0; r < 6; ++r) {
+    double t0 = now_s();
+    loom::kernels::gemm_half(h, false, true, M, N, K, a.data(), K, b.data(), K, 0.0f, c.data(), N);
+    if (r > 0) best = std::min(best, now_s() - t0);
+  }
+  return 2.0 * M * N * K / best / 1e9;
+}
+
 // One value per rank, on every rank, in rank order (each rank fills its own slot of a sum,
 // so the values come back exactly). Without a world: this process's value alone.
 std::vector<double> per_rank(loom::dist::Communicator* world, double v) {
@@ -62,10 +81,15 @@ std::vector<double> per_rank(loom::dist::Communicator* world, double v) {
 
 int main(int argc, char** argv) {
   int64_t steps = 10, warmup = 3, B = 4, T = 64, tp = 0;  // tp 0: no --tp
+  std::string precision = "fp32";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     int64_t v = std::atoll(argv[i + 1]);
-    if (k == "--steps")
+    if (k == "--precision" &&
+        (std::string(argv[i + 1]) == "fp32" || std::string(argv[i + 1]) == "bf16" ||
+         std::string(argv[i + 1]) == "fp16"))
+      precision = argv[i + 1];
+    else if (k == "--steps")
       steps = v;
     else if (k == "--warmup")
       warmup = v;
@@ -90,6 +114,8 @@ int main(int argc, char** argv) {
   cfg.train_steps = steps + warmup;
   cfg.adamw = {6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
   cfg.gradient_clipping = 1.0;
+  if (precision == "bf16") cfg.precision = loom::train::TrainConfig::Precision::bf16;
+  if (precision == "fp16") cfg.precision = loom::train::TrainConfig::Precision::fp16;
   std::unique_ptr<loom::dist::Communicator> world;
   std::unique_ptr<loom::dist::ProcessMesh> mesh;
   int64_t dp = 1;
@@ -151,6 +177,15 @@ int main(int argc, char** argv) {
   j["step_gflops"] = step_gflops;
   j["sgemm_gflops"] = sg;
   j["fraction_of_sgemm"] = step_gflops / sg;
+  j["precision"] = precision;
+  if (precision != "fp32") {
+    const auto h = precision == "bf16" ? loom::kernels::Half::bf16 : loom::kernels::Half::f16;
+    const double hg = half_gemm_gflops(h, B * T, 4 * C / std::max<int64_t>(tp, 1), C);
+    j["half_gemm_gflops"] = hg;
+    j["fraction_of_half_gemm"] = step_gflops / hg;
+    j["half_gemm"] = h == loom::kernels::Half::bf16 ? loom::kernels::bf16_gemm_description()
+                                                    : "fp32 sgemm on widened operands";
+  }
   nlohmann::json br;
   for (int i = 0; i < static_cast<int>(loom::prof::Phase::kCount); ++i)
     br[loom::prof::phase_name(static_cast<loom::prof::Phase>(i))] = tot.ns[i] / 1e6 / steps;

@@ -96,6 +96,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: forward and loss under torch.autocast('cpu', torch.bfloat16)")
     args = ap.parse_args()
     if args.steps < 10:
         ap.error("--steps must be >= 10")
@@ -115,9 +117,12 @@ def main():
     idx = torch.randint(0, vocab, (args.batch, args.seq))
     targets = torch.randint(0, vocab, (args.batch, args.seq))
 
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
+
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = model(idx, targets)
+        with autocast:
+            loss = model(idx, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -137,6 +142,7 @@ def main():
     med = statistics.median(times)
     result = {
         "impl": "pytorch",
+        "precision": args.precision,
         "ms_per_step": round(1e3 * med, 2),
         "tokens_per_s": round(args.batch * args.seq / med, 1),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # KiB on Linux

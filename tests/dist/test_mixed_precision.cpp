@@ -4,7 +4,8 @@
 //   - bf16 GPT-2 at ZeRO stages 0-3 and bf16 Llama at ZeRO-2 (each rank's products on its
 //     16-bit copies, refreshed after the sharded update's all-gather or the stage-3 gather);
 //   - bf16 LoRA (dropout on) on the Llama at ZeRO-2, and fp16 GPT-2 at ZeRO-2;
-//   - bf16 under pipeline parallelism (pp2, 1F1B) and tensor parallelism (tp2);
+//   - bf16 under pipeline parallelism (pp2, 1F1B) and tensor parallelism (tp2), full and
+//     LoRA (the frozen base held in bf16 alone);
 //   - fp16: an overflow planted in one rank's gradients skips the step on every rank, the
 //     parameters of both equal to those of the step before, and training goes on alike.
 #include <gtest/gtest.h>
@@ -30,7 +31,9 @@ nlohmann::json with_precision(nlohmann::json j, const char* precision) {
 // partial sums where one process sums every row in one GEMM; tensor parallelism splits the
 // forward's sums too), which moves a weight by ~1e-10 and, some steps on, flips the
 // rounding of an occasional operand by one 16-bit step (2^-8 relative in bf16); the flips
-// compound (under tensor parallelism from step 1: tp2 gets 5e-5 for the first steps).
+// compound (under tensor parallelism from step 1: tp2 gets 5e-5 for the first steps, and
+// LoRA's adapters, B starting at zero, 1e-2 for their parameters: measured 6.5e-3, where
+// bf16 against fp32 moves them by 1.1e-2).
 // Measured here (loom verify on llama_tiny, 2 ranks): ZeRO-2 bitwise equal losses
 // for 5 steps, then 1e-7 at step 6 and 5e-6 at step 8; pp2 bitwise equal for 8 steps; tp2
 // 3e-6 from step 3. Over 20 steps of this harness the worst were 5.6e-5 in the first 10
@@ -40,9 +43,9 @@ nlohmann::json with_precision(nlohmann::json j, const char* precision) {
 // copy or a lost gradient breaks that at step 2), every loss within kLoss, the final
 // parameters within kParams.
 constexpr size_t kEarly = 5;
-constexpr double kLoss = 2e-4, kParams = 2e-3;
+constexpr double kLoss = 2e-4, kParams = 2e-3, kTpLoraParams = 1e-2;
 void expect_close(const Trained& ref, const Trained& got, const std::string& what,
-                  double early_tol = 1e-5) {
+                  double early_tol = 1e-5, double params_tol = kParams) {
   if (g_world->rank() != 0) return;
   ASSERT_EQ(ref.losses.size(), got.losses.size()) << what;
   double early = 0, all = 0, params = 0;
@@ -60,7 +63,7 @@ void expect_close(const Trained& ref, const Trained& got, const std::string& wha
               early, kEarly, all, ref.losses.size(), params);
   EXPECT_LE(early, early_tol) << what;
   EXPECT_LE(all, kLoss) << what;
-  EXPECT_LE(params, kParams) << what;
+  EXPECT_LE(params, params_tol) << what;
 }
 
 TEST(MixedPrecisionDist, Bf16EveryZeroStageEqualsOneProcess) {
@@ -96,6 +99,16 @@ TEST(MixedPrecisionDist, Bf16PipelineAndTensorParallelEqualOneProcess) {
   nlohmann::json tp = j;
   tp["tensor_parallel"] = {{"size", 2}};
   expect_close(ref, train_on(tp, *g_world, 20), "bf16 tp2", 5e-5);
+  // LoRA on a base held in bf16 alone, split over the stages and over tp (vocab-parallel
+  // lookups of the 16-bit table).
+  const nlohmann::json l = with_precision(lora_config(), "bf16");
+  const Trained lref = reference(l);
+  nlohmann::json lpp = l;
+  lpp["pipeline_parallel"] = {{"size", 2}, {"schedule", "1f1b"}};
+  expect_close(lref, train_on(lpp, *g_world, 20), "bf16 lora pp2");
+  nlohmann::json ltp = l;
+  ltp["tensor_parallel"] = {{"size", 2}};
+  expect_close(lref, train_on(ltp, *g_world, 20), "bf16 lora tp2", 5e-5, kTpLoraParams);
 }
 
 TEST(MixedPrecisionDist, Fp16OverflowOnOneRankSkipsTheStepOnEveryRank) {

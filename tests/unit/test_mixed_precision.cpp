@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/test_util.h"
+#include "loom/io/model_loader.h"
 #include "loom/kernels/cpu/bf16.h"
 #include "loom/kernels/cpu/matmul.h"
 #include "loom/nn/weight_ops.h"
@@ -192,15 +193,45 @@ TEST(MixedPrecision, LlamaLoraLossCurvesFollowFp32) {
   for (const char* p : {"bf16", "fp16"}) {
     train::Trainer t(cfg(p), counting_data(64, 32, V));
     expect_curve_near(want, losses(t, 50), 1e-2, std::string("lora ") + p);
-    // The frozen base's matrices run on 16-bit copies too; the adapters train in fp32.
+    // The frozen base's matrices are held in 16 bits alone; the adapters train in fp32.
     for (const auto& q : t.model().params().all()) {
-      if (!q->name.ends_with("q_proj.weight")) continue;
-      EXPECT_TRUE(q->half && !q->trainable) << q->name;
+      if (q->name.ends_with("q_proj.weight")) {
+        EXPECT_TRUE(q->held_in_half() && !q->value.defined()) << q->name;
+      }
+      if (q->adapter) {
+        EXPECT_TRUE(q->trainable && q->value.defined() && !q->half) << q->name;
+      }
     }
+    EXPECT_LT(t.model().params().value_bytes(), 0.6 * ref.model().params().value_bytes()) << p;
   }
 }
 
 // Accumulation stays fp32: 64 micro-batches of one row each give the big batch's step.
+// Inference in 16 bits (loom generate/chat/forward --dtype): the matrices held in the format
+// alone, half the weight memory, logits within the format's tolerance of fp32 (bf16 keeps 8
+// significant bits: each product's operands move by up to 2^-9 relative, and the logits of
+// these tiny random models by about 1e-2 relative as a whole; fp16 keeps 11 bits: 8x less).
+TEST(MixedPrecision, InferenceHeldInSixteenBits) {
+  for (const char* name : {"gpt2_tiny", "llama_tiny"}) {
+    auto ref = io::load_model((test::fixture_dir() / name).string());
+    Tensor ids = Tensor::zeros({2, 12}, DType::I32);
+    for (int64_t i = 0; i < ids.numel(); ++i) ids.i32()[i] = static_cast<int32_t>((i * 37) % 200);
+    const Tensor& want = ref->forward(ids, Tensor());
+    const std::vector<float> w(want.f32(), want.f32() + want.numel());
+    for (Half f : {Half::bf16, Half::f16}) {
+      auto m = io::load_model((test::fixture_dir() / name).string());
+      const int64_t f32_bytes = m->params().value_bytes();
+      for (auto& p : m->params().all()) p->trainable = false;
+      nn::hold_frozen_in_half(m->params(), f);
+      EXPECT_LT(m->params().value_bytes(), 0.55 * f32_bytes) << name;
+      const Tensor& got = m->forward(ids, Tensor());
+      const double err = test::rel_err(got.f32(), w.data(), got.numel());
+      EXPECT_LE(err, f == Half::bf16 ? 2e-2 : 3e-3) << name << " " << kernels::half_name(f);
+      EXPECT_GT(err, 0.0) << name;  // it did run in 16 bits
+    }
+  }
+}
+
 TEST(MixedPrecision, Bf16AccumulatesSixtyFourMicroBatchesInFp32) {
   auto cfg = [](const std::string& p) {
     train::TrainConfig c = small_gpt2(p);

@@ -32,6 +32,7 @@
 #include "loom/io/safetensors.h"
 #include "loom/io/tokenizer_loader.h"
 #include "loom/models/generate.h"
+#include "loom/nn/weight_ops.h"
 #include "loom/train/chat_session.h"
 #include "loom/train/config.h"
 #include "loom/train/plan.h"
@@ -57,6 +58,7 @@ constexpr const char* kUsage =
     "  loom chat --model PATH [--system S] [sampling]\n"
     "     PATH: an HF folder, a loom checkpoint or a .gguf file; sampling: --max-tokens N\n"
     "     --temperature F (0: greedy) --top-k K --top-p P --seed S --tokenizer auto|bytes|model\n"
+    "     --dtype fp32|bf16|fp16 (matrices held and multiplied in 16 bits; fp32 default)\n"
     "     a PEFT adapter folder as PATH loads its base model too (or --base BASE)\n"
     "  loom forward --model PATH (--ids 1,2,3 | --text TEXT) --out FILE.safetensors\n"
     "  loom export --model PATH [--base BASE] --merge --out DIR [--dtype fp32|bf16]   (HF folder,\n"
@@ -255,14 +257,25 @@ loom::train::TextCodec codec_for_model(const std::string& path, const loom::mode
 }
 
 constexpr std::initializer_list<const char*> kSampleFlags = {
-    "--model", "--base",  "--max-tokens", "--temperature",
-    "--top-k", "--top-p", "--seed",       "--tokenizer"};
+    "--model", "--base", "--max-tokens", "--temperature", "--top-k",
+    "--top-p", "--seed", "--tokenizer",  "--dtype"};
 
-// The model --model names (with --base for an adapter folder whose base moved).
+// The model --model names (with --base for an adapter folder whose base moved). With
+// --dtype bf16|fp16 (inference only) its matrices are held in that format alone: products
+// on 16-bit operands with fp32 accumulation, norms and softmax in fp32, half the memory.
 std::unique_ptr<loom::models::CausalLM> load_model(const Args& a) {
   loom::io::LoadOptions opt;
   if (auto b = a.get("--base")) opt.base = loom::expand_user(*b);
-  return loom::io::load_model(*a.get("--model"), opt);
+  const std::string dtype = a.get("--dtype") ? *a.get("--dtype") : "fp32";
+  if (dtype != "fp32" && dtype != "float32" && dtype != "bf16" && dtype != "bfloat16" &&
+      dtype != "fp16" && dtype != "float16")
+    throw UsageError("--dtype '" + dtype + "' is not one of fp32, bf16, fp16");
+  auto model = loom::io::load_model(*a.get("--model"), opt);
+  if (dtype.starts_with("fp3") || dtype == "float32") return model;
+  const auto fmt = dtype.starts_with("b") ? loom::kernels::Half::bf16 : loom::kernels::Half::f16;
+  for (auto& p : model->params().all()) p->trainable = false;
+  loom::nn::hold_frozen_in_half(model->params(), fmt);
+  return model;
 }
 
 int cmd_generate(const Args& a) {
@@ -330,7 +343,7 @@ int cmd_chat(const Args& a) {
 }
 
 int cmd_forward(const Args& a) {
-  a.only({"--model", "--base", "--ids", "--text", "--out", "--tokenizer"});
+  a.only({"--model", "--base", "--ids", "--text", "--out", "--tokenizer", "--dtype"});
   const std::string* dir = a.get("--model");
   const std::string* out = a.get("--out");
   if (!dir || !out) throw UsageError("forward needs --model PATH and --out FILE");

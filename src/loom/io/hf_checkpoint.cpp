@@ -224,13 +224,16 @@ void write_hf_weights(models::CausalLM& model, const fs::path& file, StDType dty
     t.dtype = StDType::F32;
     t.nbytes = shape_numel(p->shape) * sizeof(float);
     t.shape = p->shape;
-    t.data = p->quantized() ? nullptr : p->value.raw();
+    t.data = p->has_f32() ? p->value.raw() : nullptr;
     auto lora = lora_of.find(p.get());
     const bool transposed = model.hf_transposed(*p);
-    if (p->quantized() || lora != lora_of.end() || transposed) {
+    if (!p->has_f32() || lora != lora_of.end() || transposed) {
       auto& buf = copies.emplace_back(shape_numel(p->shape));
       if (p->quantized())
         p->quant->dequantize_rows(0, p->quant->rows, buf.data());
+      else if (p->held_in_half())
+        kernels::from_half(p->half->format, static_cast<const uint16_t*>(p->half->data.raw()),
+                           buf.data(), static_cast<int64_t>(buf.size()));
       else
         std::copy_n(p->value.f32(), buf.size(), buf.begin());
       if (lora != lora_of.end()) lora->second->merge_into(buf.data());

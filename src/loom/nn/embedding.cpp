@@ -47,7 +47,8 @@ void VocabParallelEmbedding::forward(const int32_t* ids, int64_t N, const Tensor
   if (split) ensure(full_, {N, C_});
   // A frozen table kept in ggml blocks (QLoRA base) holds this rank's rows in blocks too.
   const QuantMatrix* q = w_->quantized() ? w_->quant.get() : nullptr;
-  const float* table = q ? nullptr : w_->value.f32();
+  const bool half = w_->held_in_half();
+  const float* table = q || half ? nullptr : w_->value.f32();
   float* o = split ? full_.f32() : out.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -56,6 +57,8 @@ void VocabParallelEmbedding::forward(const int32_t* ids, int64_t N, const Tensor
       std::memset(o + n * C_, 0, C_ * sizeof(float));
     else if (q)
       q->dequantize_rows(r, r + 1, o + n * C_);
+    else if (half)
+      half_row(*w_, r, o + n * C_);
     else
       std::memcpy(o + n * C_, table + r * C_, C_ * sizeof(float));
   }

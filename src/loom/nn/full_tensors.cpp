@@ -7,7 +7,7 @@ namespace loom::nn {
 FullTensors::FullTensors(ParamStore& ps, const TensorParallel& tp, int root) {
   if (!tp.active()) return;
   for (auto& p : ps.all()) {
-    if (!p->shard.sharded() || p->quantized() || !p->value.defined()) continue;
+    if (!p->shard.sharded() || !p->has_f32() || !p->value.defined()) continue;
     Tensor full = Tensor::zeros(p->full_shape);
     if (primary_copy(*p, tp.rank())) shard_to_full(*p, p->value.f32(), full.f32());
     tp.comm->all_reduce_sum(full.f32(), full.numel());

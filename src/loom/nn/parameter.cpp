@@ -108,7 +108,7 @@ void ParamStore::materialize(const std::function<int(const Parameter&)>& group) 
   for (auto& p : params_) {
     if (p->trainable) continue;
     p->offset = total;
-    if (!p->quantized()) total += shape_numel(p->shape);
+    if (p->has_f32()) total += shape_numel(p->shape);
   }
   Tensor values = Tensor::zeros({static_cast<int64_t>(total)});
   grads_ = Tensor::zeros({static_cast<int64_t>(total_grad)});
@@ -116,7 +116,7 @@ void ParamStore::materialize(const std::function<int(const Parameter&)>& group) 
     Parameter& p = *params_[i];
     const int64_t n = shape_numel(p.shape);
     Tensor old = p.value;
-    p.value = p.quantized() ? Tensor() : values.slice0(p.offset, p.offset + n).reshape(p.shape);
+    p.value = p.has_f32() ? values.slice0(p.offset, p.offset + n).reshape(p.shape) : Tensor();
     if (i < n_materialized_ && old.defined() && p.value.defined()) p.value.copy_from(old);
     p.grad =
         p.trainable ? grads_.slice0(p.grad_offset, p.grad_offset + n).reshape(p.shape) : Tensor();
@@ -129,12 +129,12 @@ void ParamStore::materialize(const std::function<int(const Parameter&)>& group) 
 void ParamStore::drop_trainable_values() {
   size_t total = 0;
   for (auto& p : params_)
-    if (!p->trainable && !p->quantized()) total += shape_numel(p->shape);
+    if (!p->trainable && p->has_f32()) total += shape_numel(p->shape);
   Tensor values = Tensor::zeros({static_cast<int64_t>(total)});
   size_t at = 0;
   for (auto& p : params_) {
     Tensor old = p->value;
-    if (p->trainable || p->quantized()) {
+    if (p->trainable || !p->has_f32()) {
       if (p->trainable) p->value = Tensor();
       continue;
     }
@@ -177,7 +177,7 @@ void ParamStore::init_one(Parameter& p, uint64_t seed) {
 void ParamStore::init(uint64_t seed) {
   LOOM_CHECK(materialized(), "ParamStore::init() before materialize()");
   for (auto& p : params_)
-    if (!p->quantized()) init_one(*p, seed);
+    if (p->has_f32()) init_one(*p, seed);
 }
 
 void ParamStore::init_new(uint64_t seed) {
@@ -227,8 +227,9 @@ int64_t ParamStore::numel() const {
 int64_t ParamStore::value_bytes() const {
   int64_t n = 0;
   for (auto& p : params_)
-    n += p->quantized() ? static_cast<int64_t>(p->quant->bytes.size())
-                        : shape_numel(p->shape) * static_cast<int64_t>(sizeof(float));
+    n += p->quantized()      ? static_cast<int64_t>(p->quant->bytes.size())
+         : p->held_in_half() ? static_cast<int64_t>(p->half->data.nbytes())
+                             : shape_numel(p->shape) * static_cast<int64_t>(sizeof(float));
   return n;
 }
 

@@ -9,7 +9,9 @@
 // ggml blocks (`quant`, QLoRA-style); it then has no f32 value and no slot in the buffer.
 // Parameter pointers stay valid for the store's lifetime; modules read p->value at use.
 // Mixed precision (bf16/fp16) gives a weight a 16-bit copy (`half`) that its products use
-// (nn/weight_ops.h); the f32 value stays the working copy everything else reads.
+// (nn/weight_ops.h); the f32 value stays the working copy everything else reads. A frozen
+// weight may be held in those 16 bits only (a bf16 base under LoRA, bf16 inference): then,
+// as a quantized one, it has no f32 value and no slot in the buffer.
 #pragma once
 
 #include <functional>
@@ -50,6 +52,7 @@ struct HalfCopy {
   kernels::Half format = kernels::Half::bf16;
   Tensor data;  // p.shape, BF16 or F16; undefined until first use
   bool stale = true;
+  bool only = false;  // the weight itself (frozen, its f32 value dropped): never stale
 };
 
 struct Parameter {
@@ -74,6 +77,9 @@ struct Parameter {
   std::shared_ptr<HalfCopy> half;            // mixed precision: the products' 16-bit weight
 
   bool quantized() const { return quant != nullptr; }
+  bool held_in_half() const { return half && half->only; }
+  // Whether the weight has an f32 value (a slot in the store's buffer) at all.
+  bool has_f32() const { return !quantized() && !held_in_half(); }
 };
 
 // Whether this rank's copy of p is the one that counts when every rank's copies are
@@ -131,7 +137,7 @@ class ParamStore {
   Tensor flat_grads() const { return grads_; }
   int64_t numel() const;  // logical elements, quantized ones included
   int64_t trainable_numel() const;
-  int64_t value_bytes() const;  // f32 values plus quantized blocks
+  int64_t value_bytes() const;  // f32 values plus quantized blocks and 16-bit weights
 
  private:
   void init_one(Parameter& p, uint64_t seed);

@@ -1,11 +1,13 @@
 #include "loom/nn/weight_ops.h"
 
+#include <string>
 #include <vector>
 
 #include "loom/kernels/cpu/embedding.h"
 #include "loom/kernels/cpu/matmul.h"
 #include "loom/kernels/cpu/matmul_bf16.h"
 #include "loom/kernels/cpu/qmatmul.h"
+#include "loom/util/error.h"
 
 namespace loom::nn {
 
@@ -17,7 +19,7 @@ const uint16_t* half_weight(const Parameter& w) {
     h.data = Tensor::zeros(w.shape, h.format == kernels::Half::bf16 ? DType::BF16 : DType::F16);
     h.stale = true;
   }
-  if (h.stale) {
+  if (h.stale && !h.only) {
     kernels::to_half(h.format, w.value.f32(), static_cast<uint16_t*>(h.data.raw()), h.data.numel());
     h.stale = false;
   }
@@ -34,11 +36,37 @@ const uint16_t* rounded(kernels::Half f, const float* x, int64_t n, int slot) {
 }
 }  // namespace
 
+void half_row(const Parameter& w, int64_t r, float* out) {
+  const int64_t C = w.shape[1];
+  kernels::from_half(w.half->format, half_weight(w) + r * C, out, C);
+}
+
+namespace {
+// A base model's matrix: its products and lookups go through this file (a PEFT method's
+// own parameters are read by its module directly, and stay fp32).
+bool is_matrix(const Parameter& p) {
+  return p.shape.size() == 2 && !p.quantized() && !p.adapter &&
+         (p.kind == ParamKind::Weight || p.kind == ParamKind::Embedding);
+}
+}  // namespace
+
 void use_half_weights(ParamStore& ps, kernels::Half format) {
   for (const auto& p : ps.all())
-    if (p->shape.size() == 2 && !p->quantized() &&
-        (p->kind == ParamKind::Weight || p->kind == ParamKind::Embedding))
-      p->half = std::make_shared<HalfCopy>(HalfCopy{format, Tensor(), true});
+    if (is_matrix(*p) && !p->half)
+      p->half = std::make_shared<HalfCopy>(HalfCopy{format, Tensor(), true, false});
+}
+
+void hold_frozen_in_half(ParamStore& ps, kernels::Half format,
+                         const std::function<int(const Parameter&)>& group) {
+  bool any = false;
+  for (const auto& p : ps.all()) {
+    if (p->trainable || !is_matrix(*p) || p->held_in_half()) continue;
+    p->half = std::make_shared<HalfCopy>(HalfCopy{format, Tensor(), true, false});
+    half_weight(*p);  // converted from the f32 value while it exists
+    p->half->only = true;
+    any = true;
+  }
+  if (any) ps.materialize(group);  // lays the store out without their f32 values
 }
 
 void mark_half_stale(const Parameter& p) {
@@ -79,6 +107,20 @@ void weight_backward(float* dx, const float* dy, const float* x, Parameter& w, P
 
 void weight_rows(float* out, const int32_t* ids, int64_t N, const Parameter& w, bool accumulate) {
   if (w.quantized()) return kernels::qembedding_forward(out, ids, N, *w.quant, accumulate);
+  if (w.held_in_half()) {
+    const int64_t rows = w.shape[0], C = w.shape[1];
+    for (int64_t n = 0; n < N; ++n)
+      LOOM_CHECK(ids[n] >= 0 && ids[n] < rows,
+                 "token id " + std::to_string(ids[n]) + " at position " + std::to_string(n) +
+                     " is outside the embedding table of " + std::to_string(rows) + " rows");
+    std::vector<float> row(static_cast<size_t>(C));
+    for (int64_t n = 0; n < N; ++n) {
+      half_row(w, ids[n], row.data());
+      float* o = out + n * C;
+      for (int64_t i = 0; i < C; ++i) o[i] = accumulate ? o[i] + row[i] : row[i];
+    }
+    return;
+  }
   kernels::embedding_forward(out, ids, N, w.value.f32(), w.shape[0], w.shape[1], accumulate);
 }
 

@@ -10,6 +10,8 @@
 //   weight_rows    : out[n] (=|+=) W[ids[n]]  (embedding lookup: fp32 rows, as autocast)
 #pragma once
 
+#include <functional>
+
 #include "loom/nn/parameter.h"
 
 namespace loom::nn {
@@ -19,10 +21,18 @@ void weight_backward(float* dx, const float* dy, const float* x, Parameter& w, P
                      int64_t N);
 void weight_rows(float* out, const int32_t* ids, int64_t N, const Parameter& w, bool accumulate);
 
-// Mixed precision: gives every f32 matrix (2-D weight or embedding, not quantized) of ps a
+// Mixed precision: gives every f32 matrix (2-D weight or embedding of the base model, not
+// quantized) of ps a
 // 16-bit copy in `format` (allocated on its first product, so a table only looked up never
 // has one), and marks the copies of parameters whose values changed.
 void use_half_weights(ParamStore& ps, kernels::Half format);
 void mark_half_stale(const Parameter& p);
+// Keeps every frozen matrix in 16 bits only: converted now, its f32 value dropped and the
+// store laid out again (`group` as ParamStore::materialize takes it). A frozen base under
+// LoRA in bf16 then takes half the memory; products and lookups read the 16-bit weight.
+void hold_frozen_in_half(ParamStore& ps, kernels::Half format,
+                         const std::function<int(const Parameter&)>& group = {});
+// Row r of a matrix held in 16 bits (w.held_in_half() or with a copy), widened to fp32.
+void half_row(const Parameter& w, int64_t r, float* out);
 
 }  // namespace loom::nn

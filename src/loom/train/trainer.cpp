@@ -18,6 +18,7 @@
 #include "loom/kernels/cpu/matmul_bf16.h"
 #include "loom/models/peft.h"
 #include "loom/models/registry.h"
+#include "loom/nn/weight_ops.h"
 #include "loom/optim/clip.h"
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/pipeline_schedule.h"
@@ -184,6 +185,10 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
     LOOM_CHECK(!p->quantized() || !p->trainable, "internal: quantized " + p->name + " trains");
   LOOM_CHECK(model_->params().trainable_numel() > 0,
              "config: nothing to train (every parameter is frozen)");
+  // Mixed precision with a frozen base (PEFT): its matrices are kept in 16 bits only.
+  if (cfg_.zero.half)
+    nn::hold_frozen_in_half(model_->params(), *cfg_.zero.half,
+                            [&](const nn::Parameter& p) { return model_->unit_of(p.name); });
   if (!data_) {
     TextCodec codec;
     if (cfg.data.tokenizer == "bytes") {
