@@ -94,8 +94,9 @@ bench-gemm: build
 bench-plan: build
 	bash bench/plan_check.sh $(BUILD)
 
-# Activation checkpointing: peak RSS and activations of GPT-2 124M at T = 512 with none,
-# selective and full, against loom plan (bench/ckpt_memory.sh; about 5 minutes, not in
+# Memory by precision and activation checkpointing: GPT-2 124M at T = 512 (fp32 with none,
+# selective and full; bf16; bf16 + full) and the SmolLM2 LoRA demo config (fp32, bf16), peak
+# RSS against loom plan (bench/ckpt_memory.sh; about 15 minutes, not in
 # `make test`).
 bench-ckpt: build
 	bash bench/ckpt_memory.sh $(BUILD)

@@ -94,7 +94,7 @@ TEST(Plan, ZeroPaperFigureOneAt7_5B) {
     for (int stage = 0; stage <= 3; ++stage) {
       j["zero_optimization"] = {{"stage", stage}};
       const train::LayoutPlan plan = train::plan_layout(train::parse_config(j, "test", 64), 64);
-      const parallel::ZeroMemory& m = plan.stages[0].state;
+      const parallel::ZeroMemory& m = plan.stages[0].paper_state;
       // Exactly the paper's arithmetic on this Ψ, up to ZeRO's padding of each unit to a
       // multiple of 64 elements (under 64 elements per unit).
       const double sharded = 16.0 * psi / 64, whole[] = {16.0 * psi, 4.0 * psi, 2.0 * psi, 0};
@@ -105,14 +105,27 @@ TEST(Plan, ZeroPaperFigureOneAt7_5B) {
     }
     j["zero_optimization"] = {{"stage", 0}};
     const std::string r = train::plan_report(train::parse_config(j, "test", 64), 64);
-    EXPECT_NE(r.find("model state per rank in GB (10^9 bytes): stage 0 120.0, stage 1 31.4, "
+    EXPECT_NE(r.find("mixed-precision layout (2-byte weights, 2-byte gradients, fp32 master and "
+                     "moments sharded from stage 1), in GB: stage 0 120.0, stage 1 31.4, "
                      "stage 2 16.6, stage 3 1.9"),
               std::string::npos)
         << r;
-    // Loom's default accumulates gradients in fp32: 4-byte gradients, 18 bytes per parameter.
+    // With fp32 gradient accumulation (Loom's default): 4-byte gradients, 18 bytes per
+    // parameter in the paper's layout, and in the engine's: 4-byte f32 weights + 2-byte
+    // copies, 4-byte gradients, 8 bytes of moments, of which stage 1 shards the moments,
+    // stage 2 the gradients too, stage 3 the f32 weights (the copies then held per unit).
     j["data_types"] = {{"grad_accum_dtype", "fp32"}};
-    const train::LayoutPlan p32 = train::plan_layout(train::parse_config(j, "test", 64), 64);
-    EXPECT_NEAR(p32.stages[0].state.model_state() / 1e9, 18.0 * psi / 1e9, 0.05);
+    const double paper32[] = {18.0 * psi, 6.0 * psi + 12.0 * psi / 64, 2.0 * psi + 16.0 * psi / 64,
+                              18.0 * psi / 64};
+    const double loom[] = {18.0 * psi, 10.0 * psi + 8.0 * psi / 64, 6.0 * psi + 12.0 * psi / 64,
+                           16.0 * psi / 64};
+    for (int stage = 0; stage <= 3; ++stage) {
+      j["zero_optimization"] = {{"stage", stage}};
+      const train::LayoutPlan p32 = train::plan_layout(train::parse_config(j, "test", 64), 64);
+      EXPECT_NEAR(p32.stages[0].paper_state.model_state() / 1e9, paper32[stage] / 1e9, 0.05)
+          << stage;
+      EXPECT_NEAR(p32.stages[0].state.model_state() / 1e9, loom[stage] / 1e9, 0.05) << stage;
+    }
   }
 }
 

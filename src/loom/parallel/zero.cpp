@@ -49,7 +49,8 @@ ZeroMemory ZeroPartition::memory(int stage, int64_t frozen_bytes, const StateByt
                 top3 = padded[0] + padded[1] + padded[2];
   const int64_t f = b.comm;  // the buffers hold what is communicated
   ZeroMemory m;
-  m.params = frozen_bytes + b.param * (stage >= 3 ? shard_len : total);
+  m.params =
+      frozen_bytes + b.param * (stage >= 3 ? shard_len : total) + (stage >= 3 ? 0 : b.half * total);
   m.grads = b.grad * (stage >= 2 ? shard_len : total);
   m.optimizer = b.optimizer * (stage >= 1 ? shard_len : total);
   // Buffers the engine allocates around the collectives (at most): stage 1 receives the
@@ -62,7 +63,7 @@ ZeroMemory ZeroPartition::memory(int stage, int64_t frozen_bytes, const StateByt
   // embedding held from lookup to head). Bounded with the three largest units.
   if (stage == 1) m.buffers = f * (shard_len + all_padded);
   if (stage >= 2) m.buffers = f * (top3 + top3 / world);
-  if (stage >= 3) m.buffers += b.param * top3;
+  if (stage >= 3) m.buffers += (b.param + b.half) * top3;
   return m;
 }
 
@@ -176,7 +177,8 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
   }
   if (cfg_.stage >= 2) ps.drop_grads();
   if (cfg_.half) nn::use_half_weights(ps, *cfg_.half);
-  mem_ = part_.memory(cfg_.stage, frozen_bytes);
+  mem_ =
+      part_.memory(cfg_.stage, frozen_bytes, cfg_.half ? StateBytes::loom_mixed() : StateBytes{});
   model_.set_unit_hooks(this);
 }
 

@@ -48,13 +48,21 @@ struct ZeroMemory {
 };
 
 // Bytes per trainable element of each kind of model state (the ZeRO paper's 2 + 2 + K):
-// fp32 training holds fp32 weights, gradients and AdamW's two moments (4 + 4 + 8); mixed
-// precision (bf16/fp16) holds 16-bit weights for forward/backward, gradients in the
-// accumulation dtype (fp32 by default, 2 bytes with data_types.grad_accum_dtype bf16/fp16)
-// and the fp32 master copy with the moments (K = 12), and communicates 16-bit gradients.
+// fp32 training holds fp32 weights, gradients and AdamW's two moments (4 + 4 + 8).
+// paper_mixed: the paper's mixed precision (DeepSpeed's layout) holds 16-bit weights for
+// forward/backward, gradients in the accumulation dtype (fp32 by default, 2 bytes with
+// data_types.grad_accum_dtype bf16/fp16) and the fp32 master copy with the moments (K = 12,
+// sharded from stage 1), and communicates 16-bit gradients.
+// loom_mixed: what this engine holds under bf16/fp16 today: the f32 weights are the master
+// (sharded only at stage 3), each trained matrix has a 16-bit copy beside them (`half`:
+// held whole at stages 0-2, with its gathered unit at stage 3), gradients accumulate and
+// travel in fp32.
 struct StateBytes {
-  int64_t param = 4, grad = 4, optimizer = 8, comm = 4;
-  static StateBytes mixed(int64_t grad_accum_bytes) { return {2, grad_accum_bytes, 12, 2}; }
+  int64_t param = 4, grad = 4, optimizer = 8, comm = 4, half = 0;
+  static StateBytes paper_mixed(int64_t grad_accum_bytes) {
+    return {2, grad_accum_bytes, 12, 2, 0};
+  }
+  static StateBytes loom_mixed() { return {4, 4, 8, 4, 2}; }
 };
 
 // The partition of a model's trainable vector, from unit sizes alone (no model needed).
@@ -68,7 +76,8 @@ struct ZeroPartition {
   int64_t piece_begin(size_t u) const { return rank * piece[u]; }  // in unit coordinates
   int64_t piece_end(size_t u) const;                               // clipped to the unit
   // Model-state bytes per rank for `stage` with AdamW, `b` bytes per element of each kind:
-  // frozen_bytes are the weights that are not trained (held whole on every rank).
+  // frozen_bytes are the weights that are not trained (held whole on every rank; under
+  // mixed precision a frozen matrix is held in its 16 bits alone).
   ZeroMemory memory(int stage, int64_t frozen_bytes, const StateBytes& b = {}) const;
 };
 

@@ -27,7 +27,9 @@ namespace {
 class ModelSource {
  public:
   explicit ModelSource(const TrainConfig& cfg)
-      : peft_(cfg.peft), checkpointing_(cfg.activation_checkpointing) {
+      : peft_(cfg.peft),
+        checkpointing_(cfg.activation_checkpointing),
+        half_(cfg.precision != TrainConfig::Precision::fp32) {
     if (!cfg.peft_from.empty()) peft_ = io::read_adapter_config(expand_user(cfg.peft_from)).config;
     const std::string path = model_path(cfg.model);
     where_ = path.empty() ? "config (model)" : expand_user(path).string();
@@ -66,10 +68,14 @@ class ModelSource {
     return !std::any_of(peft_.modules_to_save.begin(), peft_.modules_to_save.end(),
                         [&](const std::string& m) { return models::peft_name_matches(module, m); });
   }
-  // Bytes this rank holds of a frozen parameter: its share of the blocks, or f32.
+  // Bytes this rank holds of a frozen parameter: its share of the blocks; under mixed
+  // precision a matrix's 16 bits (nn::hold_frozen_in_half); else f32.
   int64_t frozen_bytes(const nn::Parameter& p) const {
-    if (!held_quantized(p)) return 4 * shape_numel(p.shape);
-    return quant_bytes_.at(p.name) * shape_numel(p.shape) / shape_numel(p.full_shape);
+    if (held_quantized(p))
+      return quant_bytes_.at(p.name) * shape_numel(p.shape) / shape_numel(p.full_shape);
+    const bool matrix = p.shape.size() == 2 && !p.adapter &&
+                        (p.kind == nn::ParamKind::Weight || p.kind == nn::ParamKind::Embedding);
+    return (half_ && matrix ? 2 : 4) * shape_numel(p.shape);
   }
 
   int64_t hidden() const { return hf_.value("n_embd", hf_.value("hidden_size", int64_t{0})); }
@@ -82,6 +88,7 @@ class ModelSource {
   nlohmann::json hf_;
   std::string where_;
   std::map<std::string, int64_t> quant_bytes_;  // HF name -> bytes of the whole weight's blocks
+  bool half_ = false;                           // bf16 / fp16
 };
 
 // What one pipeline rank (the whole model when pp = 1) holds at a tp size, whatever the ZeRO
@@ -202,6 +209,7 @@ LayoutPlan evaluate(const std::vector<StageShape>& shapes, const Layout& l, int 
     st.n_layers = s.n_layers;
     const parallel::ZeroPartition part = parallel::ZeroPartition::make(s.unit_lens, l.dp, 0);
     st.state = part.memory(l.zero, s.frozen_bytes, l.bytes);
+    st.paper_state = part.memory(l.zero, s.frozen_bytes, l.paper_bytes);
     st.activation_bytes = s.model->activation_bytes(l.micro, seq);
     st.in_flight = in_flight(l, static_cast<int>(r));
     // OpenMPI 4.1's non-blocking reductions hold temporaries the engine does not see
@@ -256,10 +264,15 @@ LayoutPlan evaluate(const std::vector<StageShape>& shapes, const Layout& l, int 
   return out;
 }
 
-// Model-state bytes per element at the config's precision (parallel::StateBytes).
+// Model-state bytes per element at the config's precision, as the engine holds them
+// (parallel::StateBytes), and as the ZeRO paper's mixed-precision layout would.
 parallel::StateBytes state_bytes(const TrainConfig& cfg) {
   if (cfg.precision == TrainConfig::Precision::fp32) return {};
-  return parallel::StateBytes::mixed(cfg.grad_accum_dtype == "fp32" ? 4 : 2);
+  return parallel::StateBytes::loom_mixed();
+}
+parallel::StateBytes paper_state_bytes(const TrainConfig& cfg) {
+  if (cfg.precision == TrainConfig::Precision::fp32) return {};
+  return parallel::StateBytes::paper_mixed(cfg.grad_accum_dtype == "fp32" ? 4 : 2);
 }
 
 const char* precision_name(const TrainConfig& cfg) {
@@ -276,6 +289,7 @@ const char* precision_name(const TrainConfig& cfg) {
 Layout config_layout(const TrainConfig& cfg) {
   Layout l;
   l.bytes = state_bytes(cfg);
+  l.paper_bytes = paper_state_bytes(cfg);
   l.dp = cfg.data_parallel;
   l.tp = cfg.tensor_parallel;
   l.pp = cfg.pipeline.size;
@@ -369,15 +383,11 @@ std::string plan_report(const TrainConfig& cfg, int world) {
           static_cast<long long>(seq), static_cast<long long>(l.accum), precision_name(cfg));
   if (cfg.precision != TrainConfig::Precision::fp32)
     out +=
-        fmt("model state per trainable element: %lld-byte weights, %lld-byte gradients "
-            "(data_types.grad_accum_dtype %s), 12 bytes of fp32 master weights and AdamW "
-            "moments\n",
-            static_cast<long long>(l.bytes.param), static_cast<long long>(l.bytes.grad),
-            cfg.grad_accum_dtype.c_str());
-  if (cfg.precision != TrainConfig::Precision::fp32)
-    out +=
-        "(activations are still estimated in fp32; loom train refuses mixed precision until "
-        "its step lands)\n";
+        fmt("model state per trained element as loom train holds it: 4-byte f32 weights (the "
+            "master AdamW updates) and a 2-byte %s copy of each matrix for the products, 4-byte "
+            "fp32 gradients, 8 bytes of AdamW moments; frozen matrices in their 2 bytes alone; "
+            "activations fp32 (each product rounds its operands)\n",
+            precision_name(cfg));
   const LayoutPlan plan = evaluate(shapes, l, world, seq, src.hidden());
   if (l.pp == 1) {
     out +=
@@ -402,6 +412,23 @@ std::string plan_report(const TrainConfig& cfg, int world) {
                 evaluate(shapes, z, world, seq, src.hidden()).stages[0].state.model_state() / 1e9);
     }
     out += "model state per rank in GB (10^9 bytes):" + gb + "\n";
+    if (cfg.precision != TrainConfig::Precision::fp32) {
+      // Rajbhandari et al. 2020, Figure 1: 16-bit weights, gradients in the accumulation
+      // dtype, fp32 master and moments (K = 12) sharded from stage 1.
+      std::string paper;
+      for (int stage = 0; stage <= 3; ++stage) {
+        Layout z = l;
+        z.zero = stage;
+        paper +=
+            fmt("%s stage %d %.1f", stage ? "," : "", stage,
+                evaluate(shapes, z, world, seq, src.hidden()).stages[0].paper_state.model_state() /
+                    1e9);
+      }
+      out +=
+          fmt("the ZeRO paper's mixed-precision layout (2-byte weights, %lld-byte gradients, fp32 "
+              "master and moments sharded from stage 1), in GB:%s\n",
+              static_cast<long long>(l.paper_bytes.grad), paper.c_str());
+    }
   } else {
     out +=
         fmt("pipeline: %d stages (%s schedule), ZeRO stage %d over %d data-parallel ranks; "
@@ -502,6 +529,7 @@ std::vector<LayoutPlan> runnable_layouts(const TrainConfig& cfg, int world) {
               l.partition = pc.layers.empty() ? pc.partition : "";
               l.reduce_bucket = cfg.zero.reduce_bucket_size;
               l.bytes = state_bytes(cfg);
+              l.paper_bytes = paper_state_bytes(cfg);
               out.push_back(evaluate(shapes, l, world, seq, src.hidden()));
             }
           }

@@ -36,6 +36,7 @@ struct Layout {
   std::string partition;                // uniform | parameters; empty: the config's list of layers
   int64_t reduce_bucket = 500'000'000;  // ZeRO-0's all-reduce bucket, elements
   parallel::StateBytes bytes;           // per element of model state: the config's precision
+  parallel::StateBytes paper_bytes;     // the same in the ZeRO paper's layout
   std::string str() const;              // "dp2 tp1 pp2 ZeRO-1 micro 2 x 4 1f1b"
   std::string overrides() const;        // the config overrides that select it, as --set arguments
 };
@@ -44,11 +45,12 @@ struct Layout {
 struct StagePlan {
   std::string layers;  // "0-5" (interleaved: "0-1, 8-9")
   int64_t n_layers = 0;
-  parallel::ZeroMemory state;    // at the layout's ZeRO stage over its dp ranks
-  int64_t activation_bytes = 0;  // one micro-batch's
-  int in_flight = 1;             // micro-batches whose activations are held at once
-  int64_t mpi_bytes = 0;         // MPI's temporaries for the ZeRO engine's calls
-  int64_t peak_bytes = 0;        // estimated peak RSS
+  parallel::ZeroMemory state;        // at the layout's ZeRO stage over its dp ranks
+  parallel::ZeroMemory paper_state;  // the same in the ZeRO paper's layout (Layout::paper_bytes)
+  int64_t activation_bytes = 0;      // one micro-batch's
+  int in_flight = 1;                 // micro-batches whose activations are held at once
+  int64_t mpi_bytes = 0;             // MPI's temporaries for the ZeRO engine's calls
+  int64_t peak_bytes = 0;            // estimated peak RSS
 };
 
 struct LayoutPlan {
