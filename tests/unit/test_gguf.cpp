@@ -23,6 +23,7 @@
 #include "common/test_util.h"
 #include "loom/io/gguf.h"
 #include "loom/io/safetensors.h"
+#include "loom/kernels/cpu/bf16.h"
 #include "loom/util/error.h"
 
 namespace loom::io {
@@ -312,7 +313,8 @@ TEST(Gguf, HalfPrecisionIsExactForAllBitPatterns) {
   dequantize(GgmlType::F16, reinterpret_cast<const std::byte*>(h.data()), 65536, out.data());
   dequantize(GgmlType::BF16, reinterpret_cast<const std::byte*>(h.data()), 65536, bf.data());
   for (uint32_t i = 0; i < 65536; ++i) {
-    ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(f16_to_f32(h[i]))) << i;
+    ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(kernels::from_f16(h[i])))
+        << i;
     ASSERT_EQ(std::bit_cast<uint32_t>(bf[i]), i << 16) << i;
   }
 }

@@ -5,6 +5,7 @@
 // real fp16 overflows, min_loss_scale ends the run, and a checkpoint resumes the scale.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -64,6 +65,33 @@ TEST(MixedPrecision, Fp16RoundsToNearestEvenAndOverflowsToInfinity) {
     EXPECT_EQ(back[i], kernels::from_f16(kernels::to_f16(x[i]))) << i;
   EXPECT_TRUE(std::isinf(back[2]));
 }
+
+#ifdef __FLT16_MAX__
+// Both directions against the compiler's own _Float16 conversions: every one of the 65536
+// fp16 bit patterns widened, and fp32 values across the whole range (every 4099th bit
+// pattern, so each exponent and many roundings, ties and subnormals) rounded.
+TEST(MixedPrecision, Fp16ConversionsMatchTheCompilers) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float want = static_cast<float>(std::bit_cast<_Float16>(static_cast<uint16_t>(b)));
+    const float got = kernels::from_f16(static_cast<uint16_t>(b));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << std::hex << b;
+    } else {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << std::hex << b;
+    }
+  }
+  for (uint64_t u = 0; u <= 0xffffffffu; u += 4099) {
+    const float f = std::bit_cast<float>(static_cast<uint32_t>(u));
+    const uint16_t want = std::bit_cast<uint16_t>(static_cast<_Float16>(f));
+    const uint16_t got = kernels::to_f16(f);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(kernels::from_f16(got))) << std::hex << u;
+    } else {
+      ASSERT_EQ(got, want) << std::hex << u << " (" << f << ")";
+    }
+  }
+}
+#endif
 
 // A weight's products under mixed precision equal the fp32 products of the rounded operands
 // (fp32 accumulation: equal up to summation order), from the copy as it was last marked.

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -18,6 +17,7 @@
 #include <tuple>
 #include <utility>
 
+#include "loom/kernels/cpu/bf16.h"
 #include "loom/util/error.h"
 #include "loom/util/mapped_file.h"
 
@@ -127,37 +127,6 @@ int64_t StTensorView::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
-}
-
-float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    // Inf or NaN; keep the payload so NaNs stay NaNs (mant != 0 => f32 mant != 0).
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;  // signed zero
-  } else {
-    // Subnormal: value = mant * 2^-24. Shift the leading 1 up to the implicit-bit position
-    // (bit 10); each shift lowers the exponent by one. Every f16 subnormal is an f32 normal.
-    int e = -14;
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      --e;
-    }
-    mant &= 0x3ffu;
-    bits = sign | (static_cast<uint32_t>(e + 127) << 23) | (mant << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
-
-float bf16_to_f32(uint16_t h) {
-  // bf16 is the top half of an f32, so widening is exact for every value incl. inf/nan.
-  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -465,7 +434,7 @@ void SafetensorsCheckpoint::read_f32(std::string_view name, std::span<const int6
       for (int64_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, src + i * 2, 2);
-        out[i] = half ? f16_to_f32(h) : bf16_to_f32(h);
+        out[i] = half ? kernels::from_f16(h) : kernels::from_bf16(h);
       }
       break;
     }

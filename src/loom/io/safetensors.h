@@ -105,8 +105,4 @@ struct StWriteTensor {
 void write_safetensors(const std::filesystem::path& path, std::span<const StWriteTensor> tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
-// Exposed for tests and kernels that read half-precision data directly.
-float f16_to_f32(uint16_t bits);
-float bf16_to_f32(uint16_t bits);
-
 }  // namespace loom::io

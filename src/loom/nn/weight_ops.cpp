@@ -12,11 +12,16 @@
 namespace loom::nn {
 
 namespace {
-// w's 16-bit copy, converted from its f32 value when stale.
+Tensor half_tensor(const Parameter& p, kernels::Half f) {
+  return Tensor::zeros(p.shape, f == kernels::Half::bf16 ? DType::BF16 : DType::F16);
+}
+
+// w's 16-bit copy, converted from its f32 value when stale (allocated again after a ZeRO-3
+// release dropped it).
 const uint16_t* half_weight(const Parameter& w) {
   HalfCopy& h = *w.half;
   if (!h.data.defined()) {
-    h.data = Tensor::zeros(w.shape, h.format == kernels::Half::bf16 ? DType::BF16 : DType::F16);
+    h.data = half_tensor(w, h.format);
     h.stale = true;
   }
   if (h.stale && !h.only) {
@@ -53,7 +58,8 @@ bool is_matrix(const Parameter& p) {
 void use_half_weights(ParamStore& ps, kernels::Half format) {
   for (const auto& p : ps.all())
     if (is_matrix(*p) && !p->half)
-      p->half = std::make_shared<HalfCopy>(HalfCopy{format, Tensor(), true, false});
+      p->half = std::make_shared<HalfCopy>(
+          HalfCopy{format, p->value.defined() ? half_tensor(*p, format) : Tensor(), true, false});
 }
 
 void hold_frozen_in_half(ParamStore& ps, kernels::Half format,
@@ -61,7 +67,7 @@ void hold_frozen_in_half(ParamStore& ps, kernels::Half format,
   bool any = false;
   for (const auto& p : ps.all()) {
     if (p->trainable || !is_matrix(*p) || p->held_in_half()) continue;
-    p->half = std::make_shared<HalfCopy>(HalfCopy{format, Tensor(), true, false});
+    p->half = std::make_shared<HalfCopy>(HalfCopy{format, half_tensor(*p, format), true, false});
     half_weight(*p);  // converted from the f32 value while it exists
     p->half->only = true;
     any = true;

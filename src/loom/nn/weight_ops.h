@@ -22,9 +22,9 @@ void weight_backward(float* dx, const float* dy, const float* x, Parameter& w, P
 void weight_rows(float* out, const int32_t* ids, int64_t N, const Parameter& w, bool accumulate);
 
 // Mixed precision: gives every f32 matrix (2-D weight or embedding of the base model, not
-// quantized) of ps a
-// 16-bit copy in `format` (allocated on its first product, so a table only looked up never
-// has one), and marks the copies of parameters whose values changed.
+// quantized) of ps a 16-bit copy in `format`, allocated now where the value is held (model
+// state, as loom plan counts it; a ZeRO-3 unit's with its gather), and marks the copies of
+// parameters whose values changed.
 void use_half_weights(ParamStore& ps, kernels::Half format);
 void mark_half_stale(const Parameter& p);
 // Keeps every frozen matrix in 16 bits only: converted now, its f32 value dropped and the

@@ -1,9 +1,9 @@
 #include "loom/tensor/ggml_quant.h"
 
-#include <bit>
 #include <cstring>
 #include <string>
 
+#include "loom/kernels/cpu/bf16.h"
 #include "loom/util/error.h"
 
 namespace loom {
@@ -78,23 +78,7 @@ inline uint16_t load_u16(const uint8_t* p) {
   return v;
 }
 
-// IEEE binary16 -> binary32, exact for every value (subnormals, inf, NaN payloads).
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t em = h & 0x7fffu;
-  uint32_t bits;
-  if (em >= 0x7c00u) {
-    bits = sign | 0x7f800000u | ((em & 0x3ffu) << 13);  // inf / NaN
-  } else if (em >= 0x0400u) {
-    bits = sign | ((em << 13) + ((127u - 15u) << 23));  // normal: rebias the exponent
-  } else {
-    // zero or subnormal: em * 2^-24, exact in float
-    bits = sign | std::bit_cast<uint32_t>(static_cast<float>(em) * 0x1p-24f);
-  }
-  return std::bit_cast<float>(bits);
-}
-
-inline float load_half(const uint8_t* p) { return half_to_float(load_u16(p)); }
+inline float load_half(const uint8_t* p) { return kernels::from_f16(load_u16(p)); }
 
 // ---------------------------------------------------------------------------------------
 // Block dequantizers: one block of `bytes` at p into 32 or 256 floats at y. Operation order
@@ -250,8 +234,7 @@ void dequantize(GgmlType t, const std::byte* src_bytes, int64_t n, float* dst) {
       for (int64_t i = 0; i < n; ++i) dst[i] = load_half(src + 2 * i);
       return;
     case GgmlType::BF16:
-      for (int64_t i = 0; i < n; ++i)
-        dst[i] = std::bit_cast<float>(static_cast<uint32_t>(load_u16(src + 2 * i)) << 16);
+      for (int64_t i = 0; i < n; ++i) dst[i] = kernels::from_bf16(load_u16(src + 2 * i));
       return;
     case GgmlType::Q8_0:
       return deq_blocks<deq_q8_0>(src, nb, tr->type_size, tr->block_size, dst);
