@@ -30,7 +30,7 @@ build: deps
 build-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=ON > /dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target loom loom_unit_tests test_collectives \
-	  test_zero_equivalence test_tensor_parallel test_pipeline_parallel
+	  test_zero_equivalence test_tensor_parallel test_pipeline_parallel test_mixed_precision
 
 # The worked example: LoRA fine-tuning of SmolLM2-135M-Instruct (GGUF Q4_1 base kept
 # quantized) on ../shared/data/zh_dialogue.json, then Chinese prompts answered by the base
@@ -53,7 +53,7 @@ test: build build-asan
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory fuzz-smoke
 
-# The collectives, the ZeRO engine, TP and PP (2 ranks) run without leak checking: OpenMPI keeps ~120 KB of its own allocations (its
+# The collectives, the ZeRO engine, TP, PP and mixed precision (2 ranks) run without leak checking: OpenMPI keeps ~120 KB of its own allocations (its
 # plugins') at exit.
 test-asan:
 	ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=1 $(ASAN_BUILD)/loom_unit_tests \
@@ -66,6 +66,8 @@ test-asan:
 	  --bind-to none -np 2 $(ASAN_BUILD)/test_tensor_parallel
 	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
 	  --bind-to none -np 2 $(ASAN_BUILD)/test_pipeline_parallel
+	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
+	  --bind-to none -np 2 $(ASAN_BUILD)/test_mixed_precision
 
 # Benchmark: one GPT-2 124M training step, ours vs PyTorch's, same machine and threads.
 bench: build

@@ -63,40 +63,46 @@ TEST(Bf16, WideningIsExactAndRoundTrips) {
   }
 }
 
-// C = op(A) op(B) + beta C with leading dimensions wider than the rows, every transpose.
+// C = op(A) op(B) + beta C with leading dimensions wider than the rows, every transpose;
+// the shapes after the first each cross one of the fallback's block edges (512 rows of C,
+// 2048 columns, 1024 of K), so partial blocks and the K blocks' accumulation are checked.
 void check_gemm(kernels::Bf16Gemm backend) {
   kernels::set_bf16_gemm_backend(backend);
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (bool ta : {false, true})
-    for (bool tb : {false, true})
-      for (float beta : {0.0f, 1.0f, 0.5f}) {
-        const int64_t M = 37, N = 53, K = 300, pad = 5;
-        const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
-        std::vector<bf16> A((ta ? K : M) * lda), B((tb ? N : K) * ldb);
-        for (bf16& a : A) a = kernels::to_bf16(dist(rng));
-        for (bf16& b : B) b = kernels::to_bf16(dist(rng));
-        std::vector<float> C(M * ldc);
-        for (float& c : C) c = dist(rng);
-        const std::vector<float> C0 = C;
-        kernels::gemm_bf16(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
-        for (int64_t i = 0; i < M; ++i)
-          for (int64_t j = 0; j < N; ++j) {
-            double ref = 0, mag = 0;
-            for (int64_t k = 0; k < K; ++k) {
-              const double a = kernels::from_bf16(ta ? A[k * lda + i] : A[i * lda + k]);
-              const double b = kernels::from_bf16(tb ? B[j * ldb + k] : B[k * ldb + j]);
-              ref += a * b;
-              mag += std::fabs(a * b);
+  struct Dims {
+    int64_t M, N, K;
+  };
+  for (const Dims d : {Dims{37, 53, 300}, Dims{530, 7, 20}, Dims{5, 2060, 20}, Dims{5, 7, 2100}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (float beta : {0.0f, 1.0f, 0.5f}) {
+          const int64_t M = d.M, N = d.N, K = d.K, pad = 5;
+          const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+          std::vector<bf16> A((ta ? K : M) * lda), B((tb ? N : K) * ldb);
+          for (bf16& a : A) a = kernels::to_bf16(dist(rng));
+          for (bf16& b : B) b = kernels::to_bf16(dist(rng));
+          std::vector<float> C(M * ldc);
+          for (float& c : C) c = dist(rng);
+          const std::vector<float> C0 = C;
+          kernels::gemm_bf16(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              double ref = 0, mag = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double a = kernels::from_bf16(ta ? A[k * lda + i] : A[i * lda + k]);
+                const double b = kernels::from_bf16(tb ? B[j * ldb + k] : B[k * ldb + j]);
+                ref += a * b;
+                mag += std::fabs(a * b);
+              }
+              ref += beta * C0[i * ldc + j];
+              const double tol = K * std::ldexp(1.0, -23) * mag + 1e-6 * std::fabs(ref);
+              ASSERT_NEAR(C[i * ldc + j], ref, tol)
+                  << "ta " << ta << " tb " << tb << " beta " << beta << " at " << i << "," << j;
             }
-            ref += beta * C0[i * ldc + j];
-            const double tol = K * std::ldexp(1.0, -23) * mag + 1e-6 * std::fabs(ref);
-            ASSERT_NEAR(C[i * ldc + j], ref, tol)
-                << "ta " << ta << " tb " << tb << " beta " << beta << " at " << i << "," << j;
-          }
-        for (int64_t i = 0; i < M; ++i)  // the padding columns are not written
-          for (int64_t j = N; j < ldc; ++j) ASSERT_EQ(C[i * ldc + j], C0[i * ldc + j]);
-      }
+          for (int64_t i = 0; i < M; ++i)  // the padding columns are not written
+            for (int64_t j = N; j < ldc; ++j) ASSERT_EQ(C[i * ldc + j], C0[i * ldc + j]);
+        }
 }
 
 TEST(Bf16, GemmFallbackMatchesReference) {

@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -75,20 +76,50 @@ void gemm_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* 
 }
 #endif
 
-// Elements a row-major [rows, cols] operand with leading dimension ld spans.
-int64_t extent(int64_t rows, int64_t cols, int64_t ld) {
-  return rows == 0 ? 0 : (rows - 1) * ld + cols;
+// Rows [r0, r0 + nr) x columns [c0, c0 + nc) of a row-major 16-bit matrix with leading
+// dimension ld, widened into dst as a dense [nr, nc] fp32 block.
+void widen_block(Half h, const uint16_t* src, int64_t ld, int64_t r0, int64_t nr, int64_t c0,
+                 int64_t nc, float* dst) {
+  for (int64_t r = 0; r < nr; ++r) from_half(h, src + (r0 + r) * ld + c0, dst + r * nc, nc);
 }
 
+// C = A B + beta C through OpenBLAS sgemm, widening the operands block by block: the
+// scratch stays a few MB (kKb x kNb of B, kMb x kKb of A) however large the product (a
+// 50k-vocabulary head's logit gradient would otherwise be widened whole, ~200 MB per
+// micro-batch of 1024 tokens). Each B block is widened once, A's once per column block of C.
 void gemm_fallback(Half h, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A,
                    int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  constexpr int64_t kMb = 512, kNb = 2048, kKb = 1024;
   thread_local std::vector<float> a, b;
-  a.resize(static_cast<size_t>(ta ? extent(K, M, lda) : extent(M, K, lda)));
-  b.resize(static_cast<size_t>(tb ? extent(N, K, ldb) : extent(K, N, ldb)));
-  from_half(h, A, a.data(), static_cast<int64_t>(a.size()));
-  from_half(h, B, b.data(), static_cast<int64_t>(b.size()));
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
-              K, 1.0f, a.data(), lda, b.data(), ldb, beta, C, ldc);
+  a.resize(static_cast<size_t>(std::min(M, kMb) * std::min(K, kKb)));
+  b.resize(static_cast<size_t>(std::min(K, kKb) * std::min(N, kNb)));
+  if (K == 0) {  // no products: C = beta C
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  for (int64_t k0 = 0; k0 < K; k0 += kKb) {
+    const int64_t kb = std::min(kKb, K - k0);
+    const float beta_k = k0 == 0 ? beta : 1.0f;
+    for (int64_t j0 = 0; j0 < N; j0 += kNb) {
+      const int64_t nb = std::min(kNb, N - j0);
+      // B's block, stored [kb, nb] (or [nb, kb] when B is given transposed).
+      if (tb)
+        widen_block(h, B, ldb, j0, nb, k0, kb, b.data());
+      else
+        widen_block(h, B, ldb, k0, kb, j0, nb, b.data());
+      for (int64_t i0 = 0; i0 < M; i0 += kMb) {
+        const int64_t mb = std::min(kMb, M - i0);
+        if (ta)
+          widen_block(h, A, lda, k0, kb, i0, mb, a.data());
+        else
+          widen_block(h, A, lda, i0, mb, k0, kb, a.data());
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    mb, nb, kb, 1.0f, a.data(), ta ? mb : kb, b.data(), tb ? kb : nb, beta_k,
+                    C + i0 * ldc + j0, ldc);
+      }
+    }
+  }
 }
 
 bool cpu_has_bf16() {
