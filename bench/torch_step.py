@@ -141,6 +141,7 @@ def main():
 
     med = statistics.median(times)
     result = {
+        "case": "gpt2-124m",
         "impl": "pytorch",
         "precision": args.precision,
         "ms_per_step": round(1e3 * med, 2),
