@@ -34,16 +34,19 @@ nlohmann::json with_precision(nlohmann::json j, const char* precision) {
 // compound (under tensor parallelism from step 1: tp2 gets 5e-5 for the first steps, and
 // LoRA's adapters, B starting at zero, 1e-2 for their parameters: measured 6.5e-3, where
 // bf16 against fp32 moves them by 1.1e-2).
-// Measured here (loom verify on llama_tiny, 2 ranks): ZeRO-2 bitwise equal losses
-// for 5 steps, then 1e-7 at step 6 and 5e-6 at step 8; pp2 bitwise equal for 8 steps; tp2
-// 3e-6 from step 3. Over 20 steps of this harness the worst were 5.6e-5 in the first 10
-// steps and 1.0e-4 after (tp2), final parameters 1.1e-3 (gpt2 ZeRO-2). For scale, bf16
-// against fp32 on one process differs by 1e-4 in loss and 2e-3 to 1e-2 in parameters on
-// these tiny models. So: every loss of the first kEarly steps within 1e-5 (a stale weight
-// copy or a lost gradient breaks that at step 2), every loss within kLoss, the final
-// parameters within kParams.
-constexpr size_t kEarly = 5;
-constexpr double kLoss = 2e-4, kParams = 2e-3, kTpLoraParams = 1e-2;
+// When the first flip comes depends on the CPU's fp32 kernels: on an AVX-512 machine
+// (oneDNN's bf16 GEMM, 2026-12-03) loom verify on llama_tiny at ZeRO-2 gave bitwise equal
+// losses for 5 steps, then 1e-7 at step 6 and 5e-6 at step 8; on a Zen 3 without AVX-512
+// (the widening fallback, 2026-12-04) this harness's llama ZeRO-2 is bitwise equal for 2
+// steps, then 8e-7, 6e-6, 1.3e-5, 3.2e-5. pp2 stays bitwise equal for 8 steps; tp2 3e-6
+// from step 3. Over 20 steps the worst were 5.6e-5 in the first 10 steps and 1.0e-4 after
+// (tp2), final parameters 1.1e-3 (gpt2 ZeRO-2), 4.4e-3 for LoRA's adapters (Zen 3). For
+// scale, bf16 against fp32 on one process differs by 1e-4 in loss and 2e-3 to 1e-2 in
+// parameters on these tiny models. So: every loss of the first kEarly steps within 1e-5 (a
+// stale weight copy or a lost gradient breaks that at step 2, by 3e-2 for a planted stale
+// copy), every loss within kLoss, the final parameters within kParams (LoRA's: kLoraParams).
+constexpr size_t kEarly = 3;
+constexpr double kLoss = 2e-4, kParams = 2e-3, kLoraParams = 1e-2;
 void expect_close(const Trained& ref, const Trained& got, const std::string& what,
                   double early_tol = 1e-5, double params_tol = kParams) {
   if (g_world->rank() != 0) return;
@@ -84,7 +87,8 @@ TEST(MixedPrecisionDist, Bf16LlamaAndLoraAndFp16AtZero2EqualOneProcess) {
     const Trained ref = reference(j);
     nlohmann::json js = j;
     js["zero_optimization"] = {{"stage", 2}};
-    expect_close(ref, train_on(js, *g_world, 20), name + " ZeRO-2");
+    expect_close(ref, train_on(js, *g_world, 20), name + " ZeRO-2", 1e-5,
+                 name == "bf16 lora" ? kLoraParams : kParams);
   }
 }
 
@@ -108,7 +112,7 @@ TEST(MixedPrecisionDist, Bf16PipelineAndTensorParallelEqualOneProcess) {
   expect_close(lref, train_on(lpp, *g_world, 20), "bf16 lora pp2");
   nlohmann::json ltp = l;
   ltp["tensor_parallel"] = {{"size", 2}};
-  expect_close(lref, train_on(ltp, *g_world, 20), "bf16 lora tp2", 5e-5, kTpLoraParams);
+  expect_close(lref, train_on(ltp, *g_world, 20), "bf16 lora tp2", 5e-5, kLoraParams);
 }
 
 TEST(MixedPrecisionDist, Fp16OverflowOnOneRankSkipsTheStepOnEveryRank) {

@@ -122,6 +122,25 @@ TEST_P(TensorParallelEquivalence, LogitsLossAndGradientsEqualOneProcess) {
   const double l1 = one->backward(tg, scale), l2 = split->backward(tg, scale);
   EXPECT_LT(std::fabs(l1 - l2) / l1, 1e-5) << l1 << " vs " << l2;
   expect_grads_equal(*one, *split);
+
+  // The split model's head in chunks of 5 token rows, as training runs it (vocab-parallel
+  // statistics reduced per chunk, the last chunk partial): the same loss, evaluation sums
+  // and gradients as the whole model's whole head.
+  std::vector<double> sums_one(B), sums_split(B);
+  one->forward(ids, p);
+  one->loss_sums(tg, sums_one.data());
+  models::ActivationCheckpointing ac;
+  ac.loss_chunk_rows = 5;
+  split->set_activation_checkpointing(ac);
+  split->forward(ids, p);
+  split->loss_sums(tg, sums_split.data());
+  for (int64_t b = 0; b < B; ++b)
+    EXPECT_LT(std::fabs(sums_split[b] - sums_one[b]) / sums_one[b], 1e-5) << "row " << b;
+  split->params().zero_grads();
+  split->forward(ids, p);
+  const double l3 = split->backward(tg, scale);
+  EXPECT_LT(std::fabs(l1 - l3) / l1, 1e-5) << l1 << " vs " << l3 << " (chunked head)";
+  expect_grads_equal(*one, *split);
 }
 
 // Every case with plain tensor parallel, then again with sequence parallel (_sp).
@@ -377,8 +396,10 @@ TEST(TensorParallelGguf, SmolLM2QuantizedBaseAtTp3EqualsOneProcess) {
     const double err = test::rel_err(q->grad.f32(), want_g.data(), q->grad.numel());
     if (err > worst) worst = err, worst_name = q->name;
   }
-  // fp32 sums in another order through 30 layers: measured 2.5e-5 at worst (2026-12-03).
-  EXPECT_LT(worst, 1e-4) << worst_name;
+  // fp32 sums in another order through 30 layers: measured 2.5e-5 at worst on an AVX-512
+  // machine (2026-12-03), 3.3e-4 on a Zen 3 with AVX2 kernels (2026-12-04: ~1e-4 on every
+  // adapter, not one ill-conditioned gradient). A wrong shard or a lost reduction is O(1).
+  EXPECT_LT(worst, 1e-3) << worst_name;
 }
 
 }  // namespace

@@ -55,11 +55,15 @@ struct StageRange {
 // dropout.h; a tensor-parallel group repeats its collectives in the same order), so the
 // gradients are the same bits as without. Evaluation forwards release the same way (no
 // backward follows, so nothing is recomputed); generation (forward_cached) does not.
+// loss_chunk_rows > 0 (training's default, TrainConfig): forward stops at the head's input
+// and returns no logits; the loss (backward, loss_sums) runs the head that many token rows
+// at a time (nn/lm_head.h), so the logits are never all live.
 struct ActivationCheckpointing {
   enum class Granularity { none, full, selective };
   Granularity granularity = Granularity::none;
-  bool block_method = false;  // method "block" (else "uniform"); full only
-  int64_t num_layers = 1;     // full only
+  bool block_method = false;    // method "block" (else "uniform"); full only
+  int64_t num_layers = 1;       // full only
+  int64_t loss_chunk_rows = 0;  // 0: forward computes and keeps the whole logits
 };
 
 // What a model's constructor does with its parameters: lays out their buffers (values zero

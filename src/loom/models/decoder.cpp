@@ -264,7 +264,16 @@ const Tensor& Decoder::forward_stage(const Tensor& ids, const Tensor& pos, const
   if (!heads) return *x;
   if (spec_.tied_head && !emb) emb.emplace(hooks_, 0);
   UnitScope u(hooks_, head_unit());
-  return head_->forward(gather_for_head(final_norm_->forward(*x)));
+  return head_->forward(gather_for_head(final_norm_->forward(*x)), checkpointing_.loss_chunk_rows);
+}
+
+void Decoder::loss_sums(const Tensor& targets, double* per_row) {
+  // A chunked head computes its logits now: its weight (tied: the token table) is held.
+  const bool chunked = checkpointing_.loss_chunk_rows > 0;
+  std::optional<UnitScope> tied, head;
+  if (chunked && spec_.tied_head) tied.emplace(hooks_, 0);
+  if (chunked) head.emplace(hooks_, head_unit());
+  head_->loss_sums(targets, per_row);
 }
 
 double Decoder::backward_stage(const Tensor& targets, float grad_scale, const Tensor& dout,

@@ -32,6 +32,7 @@
 // does, while packed-row masking uses the unshifted ids.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -84,9 +85,7 @@ class Decoder : public CausalLM {
   }
   bool first_stage() const override { return first_; }
   bool last_stage() const override { return last_; }
-  void loss_sums(const Tensor& targets, double* per_row) override {
-    head_->loss_sums(targets, per_row);
-  }
+  void loss_sums(const Tensor& targets, double* per_row) override;
   KVCache new_cache() override;
   const Tensor& forward_cached(const Tensor& ids, KVCache& cache) override;
   int64_t vocab_size() const override { return spec_.vocab; }
@@ -111,6 +110,10 @@ class Decoder : public CausalLM {
   // set, from one block's saved elements `layer` (att among them), its attention
   // probabilities `att`, and one residual-stream tensor `io` (a group's kept input).
   int64_t blocks_activation_elems(int64_t layer, int64_t att, int64_t io) const;
+  // Rows of logits live at once for a micro-batch of n tokens (the loss's chunk, or all).
+  int64_t head_rows(int64_t n) const {
+    return checkpointing_.loss_chunk_rows > 0 ? std::min(n, checkpointing_.loss_chunk_rows) : n;
+  }
 
  private:
   // Token rows x [N, C] (N = ids' count) = token table rows (+ position rows at abs_pos).

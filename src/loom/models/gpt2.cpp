@@ -142,8 +142,8 @@ int64_t GPT2::activation_bytes(int64_t B, int64_t T) const {
   const int64_t att = B * cfg_.n_head / t * T * (prefix_length() + T);
   const int64_t layer = N * (6 * C / s + 4 * C / t + 2 * H / t) + att;
   const int64_t scratch = N * (5 * C + 4 * C / t + 2 * H / t);
-  return 4 * (blocks_activation_elems(layer, att, N * C / s) + scratch +
-              N * (2 * C + (last_stage() ? cfg_.vocab_size / t : 0)));
+  return 4 * (blocks_activation_elems(layer, att, N * C / s) + scratch + N * 2 * C +
+              (last_stage() ? head_rows(N) * cfg_.vocab_size / t : 0));
 }
 
 bool GPT2::hf_transposed(const nn::Parameter& p) const {

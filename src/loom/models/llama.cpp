@@ -172,8 +172,8 @@ int64_t Llama::activation_bytes(int64_t B, int64_t T) const {
   const int64_t att = B * cfg_.num_attention_heads / t * T * (prefix_length() + T);
   const int64_t layer = N * (6 * C / s + 2 * qd + 2 * kvd + 3 * I / t) + att;
   const int64_t scratch = N * (5 * C + 3 * I / t + 2 * qd + 2 * kvd);
-  return 4 * (blocks_activation_elems(layer, att, N * C / s) + scratch +
-              N * (2 * C + (last_stage() ? cfg_.vocab_size / t : 0)));
+  return 4 * (blocks_activation_elems(layer, att, N * C / s) + scratch + N * 2 * C +
+              (last_stage() ? head_rows(B * T) * cfg_.vocab_size / t : 0));
 }
 
 bool Llama::hf_ignorable(const std::string& name) const {

@@ -1,5 +1,6 @@
 #include "loom/nn/lm_head.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -13,64 +14,96 @@ namespace loom::nn {
 LMHead::LMHead(Parameter* weight, int64_t vocab, const TensorParallel& tp)
     : w_(weight), V_(vocab), v0_(weight->shard.sharded() ? weight->shard.offset : 0), tp_(tp) {}
 
-const Tensor& LMHead::forward(const Tensor& h) {
+const Tensor& LMHead::forward(const Tensor& h, int64_t chunk_rows) {
   const int64_t Vl = w_->shape[0], C = w_->shape[1], N = h.numel() / C;
   LOOM_CHECK(h.dim(-1) == C, w_->name + ": head input " + shape_str(h.shape()));
+  LOOM_CHECK(chunk_rows >= 0, "internal: negative head chunk");
+  h_ = h;
+  chunk_rows_ = chunk_rows;
+  if (chunk_rows_ > 0) {
+    logits_ = Tensor();
+    return logits_;
+  }
   Shape out = h.shape();
   out.back() = Vl;
   ensure(logits_, out);
-  h_ = h;
   weight_forward(logits_.f32(), h.f32(), *w_, nullptr, N);
   return logits_;
 }
 
-double LMHead::backward(const Tensor& targets, float grad_scale, const Tensor& dh) {
-  const int64_t Vl = w_->shape[0], N = logits_.numel() / Vl;
-  LOOM_CHECK(targets.numel() == N, "targets " + shape_str(targets.shape()) +
-                                       " do not match logits " + shape_str(logits_.shape()));
-  const int32_t* t = targets.i32();
-  float* x = logits_.f32();
-  double loss_sum = 0.0;
-  if (!tp_.active()) {
-    loss_sum = kernels::cross_entropy_backward(x, t, N, Vl, grad_scale);
-  } else {
-    std::vector<double> mx(N), stats(2 * N);  // stats: sums of exponentials, target logits
-    kernels::vp_row_max(x, N, Vl, mx.data());
-    tp_.comm->all_reduce_max(mx.data(), N);
-    kernels::vp_row_partials(x, t, N, Vl, v0_, V_, mx.data(), stats.data(), stats.data() + N);
-    tp_.comm->all_reduce_sum(stats.data(), 2 * N);
-    for (int64_t n = 0; n < N; ++n)
-      if (t[n] != kernels::kIgnoreIndex) loss_sum += std::log(stats[n]) - stats[N + n];
-    kernels::vp_backward(x, t, N, Vl, v0_, mx.data(), stats.data(), grad_scale);
+float* LMHead::logits_of(int64_t r0, int64_t n) {
+  const int64_t Vl = w_->shape[0], C = w_->shape[1];
+  if (chunk_rows_ == 0) return logits_.f32() + r0 * Vl;
+  ensure(logits_, {std::min(chunk_rows_, h_.numel() / C), Vl});
+  weight_forward(logits_.f32(), h_.f32() + r0 * C, *w_, nullptr, n);
+  return logits_.f32();
+}
+
+double LMHead::chunk_loss(float* x, const int32_t* t, int64_t n, const float* grad_scale,
+                          double* per_token) {
+  const int64_t Vl = w_->shape[0];
+  if (!tp_.active())
+    return grad_scale ? kernels::cross_entropy_backward(x, t, n, Vl, *grad_scale)
+                      : kernels::cross_entropy_loss(x, t, n, Vl);
+  // Megatron's vocab-parallel cross-entropy: stats = sums of exponentials, target logits.
+  std::vector<double> mx(n), stats(2 * n);
+  kernels::vp_row_max(x, n, Vl, mx.data());
+  tp_.comm->all_reduce_max(mx.data(), n);
+  kernels::vp_row_partials(x, t, n, Vl, v0_, V_, mx.data(), stats.data(), stats.data() + n);
+  tp_.comm->all_reduce_sum(stats.data(), 2 * n);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double l = t[i] == kernels::kIgnoreIndex ? 0.0 : std::log(stats[i]) - stats[n + i];
+    if (per_token) per_token[i] = l;
+    sum += l;
   }
-  weight_backward(dh.f32(), x, h_.f32(), *w_, nullptr, N);
+  if (grad_scale) kernels::vp_backward(x, t, n, Vl, v0_, mx.data(), stats.data(), *grad_scale);
+  return sum;
+}
+
+double LMHead::backward(const Tensor& targets, float grad_scale, const Tensor& dh) {
+  const int64_t C = w_->shape[1], N = h_.numel() / C;
+  LOOM_CHECK(h_.defined(), w_->name + ": backward called before forward");
+  LOOM_CHECK(targets.numel() == N, "targets " + shape_str(targets.shape()) +
+                                       " do not match the head's input " + shape_str(h_.shape()));
+  const int64_t rows = chunk_rows_ > 0 ? std::min(chunk_rows_, N) : N;
+  double loss_sum = 0.0;
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t n = std::min(rows, N - r0);
+    float* x = logits_of(r0, n);
+    loss_sum += chunk_loss(x, targets.i32() + r0, n, &grad_scale, nullptr);
+    weight_backward(dh.f32() + r0 * C, x, h_.f32() + r0 * C, *w_, nullptr, n);
+  }
+  if (chunk_rows_ > 0) logits_ = Tensor();
   if (!tp_.sequence_split()) copy_to_region_backward(tp_, dh);
   return loss_sum;
 }
 
-void LMHead::loss_sums(const Tensor& targets, double* per_row) const {
-  const int64_t Vl = w_->shape[0], N = logits_.numel() / Vl;
+void LMHead::loss_sums(const Tensor& targets, double* per_row) {
+  const int64_t Vl = w_->shape[0], C = w_->shape[1], N = h_.numel() / C;
   LOOM_CHECK(targets.ndim() == 2 && targets.numel() == N, "targets " + shape_str(targets.shape()) +
-                                                              " do not match logits " +
-                                                              shape_str(logits_.shape()));
+                                                              " do not match the head's input " +
+                                                              shape_str(h_.shape()));
   const int64_t B = targets.dim(0), T = targets.dim(1);
   const int32_t* t = targets.i32();
-  const float* x = logits_.f32();
-  if (!tp_.active()) {
-    for (int64_t b = 0; b < B; ++b)
-      per_row[b] = kernels::cross_entropy_loss(x + b * T * Vl, t + b * T, T, Vl);
-    return;
+  const int64_t rows = chunk_rows_ > 0 ? std::min(chunk_rows_, N) : N;
+  std::vector<double> per_token(tp_.active() ? rows : 0);
+  std::fill(per_row, per_row + B, 0.0);
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t n = std::min(rows, N - r0);
+    float* x = logits_of(r0, n);
+    if (tp_.active()) {  // per token: the statistics are reduced over the group
+      chunk_loss(x, t + r0, n, nullptr, per_token.data());
+      for (int64_t i = 0; i < n; ++i) per_row[(r0 + i) / T] += per_token[i];
+      continue;
+    }
+    for (int64_t a = r0; a < r0 + n;) {  // the chunk's piece of each sequence
+      const int64_t e = std::min(r0 + n, (a / T + 1) * T);
+      per_row[a / T] += chunk_loss(x + (a - r0) * Vl, t + a, e - a, nullptr, nullptr);
+      a = e;
+    }
   }
-  std::vector<double> mx(N), stats(2 * N);  // as in backward
-  kernels::vp_row_max(x, N, Vl, mx.data());
-  tp_.comm->all_reduce_max(mx.data(), N);
-  kernels::vp_row_partials(x, t, N, Vl, v0_, V_, mx.data(), stats.data(), stats.data() + N);
-  tp_.comm->all_reduce_sum(stats.data(), 2 * N);
-  for (int64_t b = 0; b < B; ++b) {
-    per_row[b] = 0.0;
-    for (int64_t n = b * T; n < (b + 1) * T; ++n)
-      if (t[n] != kernels::kIgnoreIndex) per_row[b] += std::log(stats[n]) - stats[N + n];
-  }
+  if (chunk_rows_ > 0) logits_ = Tensor();
 }
 
 }  // namespace loom::nn

@@ -6,6 +6,11 @@
 //             caller -> the SUM of token losses; the logits buffer becomes dlogits,
 //             dh = dlogits W, dW += dlogits^T h when W trains. grad_scale is
 //             1 / (target tokens of the whole step).
+// Chunked (forward's chunk_rows > 0, what training uses): forward only saves h; backward
+// and loss_sums run the head over chunk_rows token rows at a time, each chunk's logits
+// becoming its dlogits in one [chunk_rows, Vl] buffer, so the [B T, Vl] logits are never
+// all live (for a 49k vocabulary and 1024 tokens, 200 MB against 50 MB at 256 rows). The
+// results equal the whole head's but for the order dW's sum is accumulated in.
 // Under tensor parallelism the head is vocabulary-parallel (a column-parallel layer over
 // the vocabulary): W holds rows [v0, v0 + Vl) of the full table (its shard), the logits are
 // that slice, and the loss is Megatron's vocab-parallel cross-entropy (row max, target
@@ -24,20 +29,30 @@ class LMHead {
  public:
   // vocab: the full vocabulary V (W's full rows).
   LMHead(Parameter* weight, int64_t vocab, const TensorParallel& tp = {});
-  const Tensor& forward(const Tensor& h);
+  // chunk_rows 0: the logits are computed and returned; > 0: chunked, forward returns an
+  // undefined tensor.
+  const Tensor& forward(const Tensor& h, int64_t chunk_rows = 0);
   double backward(const Tensor& targets, float grad_scale, const Tensor& dh);
   // Forward only (evaluation): targets [B, T] -> per_row[b] = the sum of row b's token
-  // losses (ignored targets add 0). The logits stay as they are. Collective over tp.
-  void loss_sums(const Tensor& targets, double* per_row) const;
+  // losses (ignored targets add 0). Unchunked, the logits stay as they are. Collective
+  // over tp.
+  void loss_sums(const Tensor& targets, double* per_row);
   Parameter* weight() const { return w_; }
-  const Tensor& logits() const { return logits_; }
   int64_t vocab_first() const { return v0_; }  // the logits' first column in the full vocab
 
  private:
+  // Logits of rows [r0, r0 + n): the kept buffer when unchunked, else computed into it.
+  float* logits_of(int64_t r0, int64_t n);
+  // Cross-entropy of n rows of logits x against t: the sum of their losses. With grad_scale
+  // (backward) x becomes dlogits; per_token (n; tensor parallel only) gets each row's loss.
+  double chunk_loss(float* x, const int32_t* t, int64_t n, const float* grad_scale,
+                    double* per_token);
+
   Parameter* w_;
   int64_t V_, v0_;
   TensorParallel tp_;
   Tensor h_, logits_;
+  int64_t chunk_rows_ = 0;
 };
 
 }  // namespace loom::nn

@@ -69,7 +69,8 @@ struct TrainConfig {
   Precision precision = Precision::fp32;
   optim::LossScaleConfig loss_scale;  // fp16's keys
   std::string grad_accum_dtype = "fp32";
-  models::ActivationCheckpointing activation_checkpointing;
+  // Training runs the LM head and its loss 256 token rows at a time (models/causal_lm.h).
+  models::ActivationCheckpointing activation_checkpointing{.loss_chunk_rows = 256};
   int data_parallel = 1;  // world / (tensor_parallel x pipeline.size): train_batch's rule uses it
   int64_t checkpoint_interval = 0;  // steps between checkpoints (0: only the final one)
   std::string resume_from;          // a checkpoint folder to continue from
