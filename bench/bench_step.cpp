@@ -45,11 +45,12 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// sgemm rate on the step's own dominant shapes (M = B*T rows), GFLOP/s, best of 5.
+// sgemm rate on the step's own dominant shapes (M = B*T rows), GFLOP/s, best of 20 (the
+// machine is shared: one sample can be half the rate).
 double sgemm_gflops(int64_t M, int64_t N, int64_t K) {
   std::vector<float> a(M * K, 0.5f), b(N * K, 0.25f), c(M * N);
   double best = 1e30;
-  for (int r = 0; r < 6; ++r) {
+  for (int r = 0; r < 21; ++r) {
     double t0 = now_s();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.data(), K, b.data(), K,
                 0.0f, c.data(), N);
@@ -65,7 +66,7 @@ double half_gemm_gflops(loom::kernels::Half h, int64_t M, int64_t N, int64_t K) 
   loom::kernels::to_half(h, af.data(), a.data(), M * K);
   loom::kernels::to_half(h, bf.data(), b.data(), N * K);
   double best = 1e30;
-  for (int r = 0; r < 6; ++r) {
+  for (int r = 0; r < 21; ++r) {
     double t0 = now_s();
     loom::kernels::gemm_half(h, false, true, M, N, K, a.data(), K, b.data(), K, 0.0f, c.data(), N);
     if (r > 0) best = std::min(best, now_s() - t0);

@@ -64,8 +64,8 @@ TEST(Bf16, WideningIsExactAndRoundTrips) {
 }
 
 // C = op(A) op(B) + beta C with leading dimensions wider than the rows, every transpose;
-// the shapes after the first each cross one of the fallback's block edges (512 rows of C,
-// 2048 columns, 1024 of K), so partial blocks and the K blocks' accumulation are checked.
+// the shapes after the first each cross one of the fallback's block edges (1024 rows of C,
+// 4096 columns, 1024 of K), so partial blocks and the K blocks' accumulation are checked.
 void check_gemm(kernels::Bf16Gemm backend) {
   kernels::set_bf16_gemm_backend(backend);
   std::mt19937 rng(7);
@@ -73,7 +73,7 @@ void check_gemm(kernels::Bf16Gemm backend) {
   struct Dims {
     int64_t M, N, K;
   };
-  for (const Dims d : {Dims{37, 53, 300}, Dims{530, 7, 20}, Dims{5, 2060, 20}, Dims{5, 7, 2100}})
+  for (const Dims d : {Dims{37, 53, 300}, Dims{1030, 7, 20}, Dims{5, 4100, 20}, Dims{5, 7, 2100}})
     for (bool ta : {false, true})
       for (bool tb : {false, true})
         for (float beta : {0.0f, 1.0f, 0.5f}) {

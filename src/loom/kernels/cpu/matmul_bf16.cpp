@@ -80,16 +80,17 @@ void gemm_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* 
 // dimension ld, widened into dst as a dense [nr, nc] fp32 block.
 void widen_block(Half h, const uint16_t* src, int64_t ld, int64_t r0, int64_t nr, int64_t c0,
                  int64_t nc, float* dst) {
+#pragma omp parallel for schedule(static) if (nr * nc > (1 << 16))
   for (int64_t r = 0; r < nr; ++r) from_half(h, src + (r0 + r) * ld + c0, dst + r * nc, nc);
 }
 
 // C = A B + beta C through OpenBLAS sgemm, widening the operands block by block: the
-// scratch stays a few MB (kKb x kNb of B, kMb x kKb of A) however large the product (a
+// scratch stays at 20 MB (kKb x kNb of B, kMb x kKb of A) however large the product (a
 // 50k-vocabulary head's logit gradient would otherwise be widened whole, ~200 MB per
 // micro-batch of 1024 tokens). Each B block is widened once, A's once per column block of C.
 void gemm_fallback(Half h, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A,
                    int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  constexpr int64_t kMb = 512, kNb = 2048, kKb = 1024;
+  constexpr int64_t kMb = 1024, kNb = 4096, kKb = 1024;
   thread_local std::vector<float> a, b;
   a.resize(static_cast<size_t>(std::min(M, kMb) * std::min(K, kKb)));
   b.resize(static_cast<size_t>(std::min(K, kKb) * std::min(N, kNb)));
