@@ -69,7 +69,9 @@ test-asan:
 	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
 	  --bind-to none -np 2 $(ASAN_BUILD)/test_mixed_precision
 
-# Benchmark: one GPT-2 124M training step, ours vs PyTorch's, same machine and threads.
+# Benchmark: the GPT-2 124M training step (fp32, bf16) and SmolLM2 fine-tuning steps (LoRA
+# on the quantized and the fp32 base, full), ours vs PyTorch's (+ PEFT), same machine and
+# threads (bench/run.sh; CASES=gpt2 or CASES=ft for one part).
 bench: build
 	bash bench/run.sh $(BUILD) $(REF_VENV)
 
