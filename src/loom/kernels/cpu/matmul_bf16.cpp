@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "loom/util/error.h"
@@ -76,10 +77,15 @@ void gemm_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* 
 }
 #endif
 
-// Rows [r0, r0 + nr) x columns [c0, c0 + nc) of a row-major 16-bit matrix with leading
-// dimension ld, widened into dst as a dense [nr, nc] fp32 block.
-void widen_block(Half h, const uint16_t* src, int64_t ld, int64_t r0, int64_t nr, int64_t c0,
-                 int64_t nc, float* dst) {
+// Rows [r0, r0 + nr) x columns [c0, c0 + nc) of a logical 16-bit operand stored row-major
+// with leading dimension ld (or, trans, its transpose stored so), widened into dst as a
+// dense block in the stored orientation: [nr, nc], or [nc, nr] when trans.
+void widen_block(Half h, const uint16_t* src, int64_t ld, bool trans, int64_t r0, int64_t nr,
+                 int64_t c0, int64_t nc, float* dst) {
+  if (trans) {
+    std::swap(r0, c0);
+    std::swap(nr, nc);
+  }
 #pragma omp parallel for schedule(static) if (nr * nc > (1 << 16))
   for (int64_t r = 0; r < nr; ++r) from_half(h, src + (r0 + r) * ld + c0, dst + r * nc, nc);
 }
@@ -104,17 +110,10 @@ void gemm_fallback(Half h, bool ta, bool tb, int64_t M, int64_t N, int64_t K, co
     const float beta_k = k0 == 0 ? beta : 1.0f;
     for (int64_t j0 = 0; j0 < N; j0 += kNb) {
       const int64_t nb = std::min(kNb, N - j0);
-      // B's block, stored [kb, nb] (or [nb, kb] when B is given transposed).
-      if (tb)
-        widen_block(h, B, ldb, j0, nb, k0, kb, b.data());
-      else
-        widen_block(h, B, ldb, k0, kb, j0, nb, b.data());
+      widen_block(h, B, ldb, tb, k0, kb, j0, nb, b.data());  // B's [kb, nb] block
       for (int64_t i0 = 0; i0 < M; i0 += kMb) {
         const int64_t mb = std::min(kMb, M - i0);
-        if (ta)
-          widen_block(h, A, lda, k0, kb, i0, mb, a.data());
-        else
-          widen_block(h, A, lda, i0, mb, k0, kb, a.data());
+        widen_block(h, A, lda, ta, i0, mb, k0, kb, a.data());  // A's [mb, kb] block
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                     mb, nb, kb, 1.0f, a.data(), ta ? mb : kb, b.data(), tb ? kb : nb, beta_k,
                     C + i0 * ldc + j0, ldc);
