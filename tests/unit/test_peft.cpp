@@ -15,6 +15,7 @@
 #include "loom/models/llama.h"
 #include "loom/models/peft.h"
 #include "loom/nn/bottleneck_adapter.h"
+#include "loom/nn/dropout.h"
 #include "loom/nn/linear.h"
 #include "loom/optim/adamw.h"
 
@@ -55,6 +56,40 @@ TEST(PeftGrad, LoraLinearWithDropout) {
   EXPECT_EQ(0, std::memcmp(y1.raw(), lin.forward(x).raw(), y1.nbytes()));
   ctx.step = 3;
   EXPECT_NE(0, std::memcmp(y1.raw(), lin.forward(x).raw(), y1.nbytes()));
+}
+
+// The mask drops a fraction p of the elements, scales the rest by 1 / (1 - p), and keys
+// them by (row, full column): a column shard drops exactly what the whole row drops there,
+// and another stream, step or first row drops others.
+TEST(Dropout, RateScaleAndShardKeying) {
+  const int64_t rows = 64, width = 1000;
+  const float p = 0.3f;
+  nn::DropoutContext ctx{true, 7, 1, 128};
+  std::vector<float> full(rows * width, 1.0f);
+  nn::dropout_apply(full.data(), rows, width, p, ctx, 11);
+  int64_t dropped = 0;
+  for (float x : full) {
+    if (x == 0.0f)
+      ++dropped;
+    else
+      EXPECT_FLOAT_EQ(x, 1.0f / (1.0f - p));
+  }
+  // 64,000 Bernoulli(0.3) draws: the standard deviation of the rate is 0.0018.
+  EXPECT_NEAR(static_cast<double>(dropped) / (rows * width), p, 0.01);
+  const int64_t col0 = 300, w = 250;
+  std::vector<float> shard(rows * w, 1.0f);
+  nn::dropout_apply(shard.data(), rows, w, p, ctx, 11, col0);
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t i = 0; i < w; ++i) ASSERT_EQ(shard[n * w + i], full[n * width + col0 + i]);
+  auto differs = [&](nn::DropoutContext c, uint64_t stream) {
+    std::vector<float> o(rows * width, 1.0f);
+    nn::dropout_apply(o.data(), rows, width, p, c, stream);
+    return o != full;
+  };
+  EXPECT_TRUE(differs(ctx, 12));
+  EXPECT_TRUE(differs({true, 7, 2, 128}, 11));
+  EXPECT_TRUE(differs({true, 7, 1, 129}, 11));
+  EXPECT_FALSE(differs(ctx, 11));
 }
 
 TEST(PeftGrad, LoraScaleAndMerge) {

@@ -1,9 +1,9 @@
 // Dropout whose mask is keyed by logical position, not by rank or call order: element i of
 // token row `row` in module `stream` at optimizer step `step` is kept when
-// rng(seed + step, stream, row * width + i) >= p, where row counts tokens from the start of
-// the step's global batch (first_row + n) and i, width are the column and width of the full
-// (unsplit) activation. Every parallel layout that sees the same global batch therefore
-// drops the same elements, and backward recomputes the mask instead of storing it.
+// hash32(mix64(rng_u64(seed + step, stream, 0) + row) mod 2^32, i) >= p * 2^32, where row
+// counts tokens from the start of the step's global batch (first_row + n) and i is the
+// column in the full (unsplit) activation. Every parallel layout that sees the same global batch
+// therefore drops the same elements, and backward recomputes the mask instead of storing it.
 #pragma once
 
 #include <cstdint>
@@ -20,10 +20,9 @@ struct DropoutContext {
 
 // v[rows, width] *= mask / (1 - p), in place. Forward applies it to a copy of the input;
 // backward applies the same call to the gradient. v may be columns [col0, col0 + width) of
-// rows that are full_width wide (0: width), as a tensor-parallel shard of x is: elements are
-// keyed by their full column, row * full_width + col0 + i, so the shard drops exactly the
-// elements one process drops there.
+// wider rows, as a tensor-parallel shard of x is: elements are keyed by (row, col0 + i), so
+// the shard drops exactly the elements one process drops there.
 void dropout_apply(float* v, int64_t rows, int64_t width, float p, const DropoutContext& ctx,
-                   uint64_t stream, int64_t col0 = 0, int64_t full_width = 0);
+                   uint64_t stream, int64_t col0 = 0);
 
 }  // namespace loom::nn

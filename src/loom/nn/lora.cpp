@@ -26,7 +26,6 @@ LoRA::LoRA(ParamStore& ps, const std::string& linear_name, int64_t in, int64_t o
       tp_(tp),
       split_dim_(tp.active() ? w_shard.dim : -1),
       replicas_(replicas),
-      in_full_(in),
       ctx_(ctx),
       stream_(stream_id(linear_name + ".lora")) {
   LOOM_CHECK(spec.r > 0, linear_name + ": LoRA rank r must be positive");
@@ -65,7 +64,7 @@ const float* LoRA::dropped_input() const {
   const int64_t N = x_.numel() / in_;
   float* xd = workspace(N * in_);
   std::memcpy(xd, x_.f32(), N * in_ * sizeof(float));
-  dropout_apply(xd, N, in_, spec_.dropout, *ctx_, stream_, col0_, in_full_);
+  dropout_apply(xd, N, in_, spec_.dropout, *ctx_, stream_, col0_);
   return xd;
 }
 
@@ -143,7 +142,7 @@ void LoRA::backward(const Tensor& dy, const Tensor& dx) {
   float* dxd = workspace(N * in_);  // xd is no longer needed
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in_, r, 1.0f, du.f32(), r,
               a_->value.f32(), in_, 0.0f, dxd, in_);
-  dropout_apply(dxd, N, in_, spec_.dropout, *ctx_, stream_, col0_, in_full_);
+  dropout_apply(dxd, N, in_, spec_.dropout, *ctx_, stream_, col0_);
   float* d = dx.f32();
   const float* g = dxd;
 #pragma omp parallel for schedule(static)

@@ -73,7 +73,7 @@ class LoRA {
   TensorParallel tp_;
   int split_dim_ = -1;  // W's split: 0 column, 1 row, -1 none
   int replicas_ = 1;
-  int64_t col0_ = 0, in_full_;  // x's local columns within the full x (the dropout's key)
+  int64_t col0_ = 0;  // x's first column within the full x (the dropout's key)
   const DropoutContext* ctx_;
   uint64_t stream_;
   const float* dropped_input() const;  // dropout(x_) in a shared workspace
