@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "loom/data/dataset.h"
 #include "loom/dist/communicator.h"
 #include "loom/dist/mesh.h"
@@ -41,23 +42,8 @@
 
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// sgemm rate on the step's own dominant shapes (M = B*T rows), GFLOP/s, best of 20 (the
-// machine is shared: one sample can be half the rate).
-double sgemm_gflops(int64_t M, int64_t N, int64_t K) {
-  std::vector<float> a(M * K, 0.5f), b(N * K, 0.25f), c(M * N);
-  double best = 1e30;
-  for (int r = 0; r < 21; ++r) {
-    double t0 = now_s();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.data(), K, b.data(), K,
-                0.0f, c.data(), N);
-    if (r > 0) best = std::min(best, now_s() - t0);
-  }
-  return 2.0 * M * N * K / best / 1e9;
-}
+using loom::bench::now_s;
+using loom::bench::sgemm_gflops;
 
 // The same with 16-bit operands and fp32 accumulation (kernels/cpu/matmul_bf16.h's backend).
 double half_gemm_gflops(loom::kernels::Half h, int64_t M, int64_t N, int64_t K) {

@@ -70,9 +70,10 @@ TEST(KernelGrad, Gelu) {
   test::gradcheck(fwd, bwd, {{"x", x, dx}});
 }
 
-// Attention with separate q/k/v buffers; NKV < NH exercises grouped K/V heads.
-void check_attention(int64_t NH, int64_t NKV) {
-  const int64_t B = 2, T = 5, HD = 4;
+// Attention with separate q/k/v buffers; NKV < NH exercises grouped K/V heads. T above the
+// kernel's 64-row strips exercises several strips, the last one partial.
+void check_attention(int64_t NH, int64_t NKV, int64_t T = 5) {
+  const int64_t B = 2, HD = 4;
   Tensor q = Tensor::zeros({B, T, NH * HD}), k = Tensor::zeros({B, T, NKV * HD}),
          v = Tensor::zeros({B, T, NKV * HD});
   Tensor dq = Tensor::zeros(q.shape()), dk = Tensor::zeros(k.shape()),
@@ -80,20 +81,21 @@ void check_attention(int64_t NH, int64_t NKV) {
   test::fill_normal(q, 8);
   test::fill_normal(k, 9);
   test::fill_normal(v, 10);
-  Tensor out = Tensor::zeros({B, T, NH * HD}), att = Tensor::zeros({B, NH, T, T});
+  Tensor out = Tensor::zeros({B, T, NH * HD}), lse = Tensor::zeros({B, NH, T});
   kernels::AttnDims d{B, T, NH, NKV, HD, NH * HD, NKV * HD};
   auto fwd = [&] {
-    kernels::attention_forward(out.f32(), att.f32(), q.f32(), k.f32(), v.f32(), d);
+    kernels::attention_forward(out.f32(), lse.f32(), q.f32(), k.f32(), v.f32(), d);
     return out;
   };
   auto bwd = [&](const Tensor& dout) {
     kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dout.f32(), q.f32(), k.f32(), v.f32(),
-                                att.f32(), d);
+                                out.f32(), lse.f32(), d);
   };
   test::gradcheck(fwd, bwd, {{"q", q, dq}, {"k", k, dk}, {"v", v, dv}});
 }
 
 TEST(KernelGrad, AttentionMHA) { check_attention(4, 4); }
+TEST(KernelGrad, AttentionStrips) { check_attention(4, 2, 150); }
 
 TEST(KernelGrad, AttentionPackedRows) {
   // Row 0 packs samples of lengths 2 and 3; row 1 is one sample.
@@ -106,23 +108,27 @@ TEST(KernelGrad, AttentionPackedRows) {
   test::fill_normal(q, 21);
   test::fill_normal(k, 22);
   test::fill_normal(v, 23);
-  Tensor out = Tensor::zeros({B, T, NH * HD}), att = Tensor::zeros({B, NH, T, T});
+  Tensor out = Tensor::zeros({B, T, NH * HD}), lse = Tensor::zeros({B, NH, T});
   kernels::AttnDims d{B, T, NH, NKV, HD, NH * HD, NKV * HD, pos.data()};
   auto fwd = [&] {
-    kernels::attention_forward(out.f32(), att.f32(), q.f32(), k.f32(), v.f32(), d);
+    kernels::attention_forward(out.f32(), lse.f32(), q.f32(), k.f32(), v.f32(), d);
     return out;
   };
   auto bwd = [&](const Tensor& dout) {
     kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dout.f32(), q.f32(), k.f32(), v.f32(),
-                                att.f32(), d);
+                                out.f32(), lse.f32(), d);
   };
   test::gradcheck(fwd, bwd, {{"q", q, dq}, {"k", k, dk}, {"v", v, dv}});
-  // Token 2 (first of the second sample) attends only to itself.
+  // Token 2 (first of the second sample) attends only to itself: its output is its value
+  // row, and its log-sum-exp its one score.
   fwd();
   for (int64_t h = 0; h < NH; ++h) {
-    EXPECT_EQ(att.f32()[(0 * NH + h) * T * T + 2 * T + 0], 0.0f);
-    EXPECT_EQ(att.f32()[(0 * NH + h) * T * T + 2 * T + 1], 0.0f);
-    EXPECT_FLOAT_EQ(att.f32()[(0 * NH + h) * T * T + 2 * T + 2], 1.0f);
+    float dot = 0.0f;
+    for (int64_t i = 0; i < HD; ++i) {
+      EXPECT_FLOAT_EQ(out.f32()[2 * NH * HD + h * HD + i], v.f32()[2 * HD + i]);
+      dot += q.f32()[2 * NH * HD + h * HD + i] * k.f32()[2 * HD + i];
+    }
+    EXPECT_NEAR(lse.f32()[(0 * NH + h) * T + 2], dot / 2.0f, 1e-5);  // 1/sqrt(HD) = 1/2
   }
 }
 TEST(KernelGrad, AttentionGQA) { check_attention(4, 2); }
@@ -131,14 +137,14 @@ TEST(KernelGrad, AttentionIsCausal) {
   // Changing a later token's k/v must not change earlier outputs.
   const int64_t B = 1, T = 6, NH = 2, HD = 4, C = NH * HD;
   Tensor qkv = Tensor::zeros({B, T, 3 * C}), out = Tensor::zeros({B, T, C}),
-         att = Tensor::zeros({B, NH, T, T});
+         lse = Tensor::zeros({B, NH, T});
   test::fill_normal(qkv, 12);
   kernels::AttnDims d{B, T, NH, NH, HD, 3 * C, 3 * C};
   const float* p = qkv.f32();
-  kernels::attention_forward(out.f32(), att.f32(), p, p + C, p + 2 * C, d);
+  kernels::attention_forward(out.f32(), lse.f32(), p, p + C, p + 2 * C, d);
   std::vector<float> before(out.f32(), out.f32() + 4 * C);
   for (int64_t i = C; i < 3 * C; ++i) qkv.f32()[5 * 3 * C + i] += 3.0f;  // k, v of token 5
-  kernels::attention_forward(out.f32(), att.f32(), p, p + C, p + 2 * C, d);
+  kernels::attention_forward(out.f32(), lse.f32(), p, p + C, p + 2 * C, d);
   for (int64_t i = 0; i < 4 * C; ++i) EXPECT_EQ(before[i], out.f32()[i]);
 }
 
@@ -159,21 +165,21 @@ void check_attention_prefix(int64_t NH, int64_t NKV, int64_t HD, int64_t P, int6
   test::fill_normal(v, 33);
   test::fill_normal(pk, 34);
   test::fill_normal(pv, 35);
-  Tensor out = Tensor::zeros({B, T, NH * HD}), att = Tensor::zeros({B, NH, T, P + T});
+  Tensor out = Tensor::zeros({B, T, NH * HD}), lse = Tensor::zeros({B, NH, T});
   kernels::AttnDims d{B, T, NH, NKV, HD, NH * HD, KVC, pos};
   d.prefix_k = pk.f32();
   d.prefix_v = pv.f32();
   d.P = P;
   d.prefix_stride = KVC;
   auto fwd = [&] {
-    kernels::attention_forward(out.f32(), att.f32(), q.f32(), k.f32(), v.f32(), d);
+    kernels::attention_forward(out.f32(), lse.f32(), q.f32(), k.f32(), v.f32(), d);
     return out;
   };
   auto bwd = [&](const Tensor& dout) {
     dpk_b.zero_();
     dpv_b.zero_();
     kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dout.f32(), q.f32(), k.f32(), v.f32(),
-                                att.f32(), d, dpk_b.f32(), dpv_b.f32());
+                                out.f32(), lse.f32(), d, dpk_b.f32(), dpv_b.f32());
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t i = 0; i < P * KVC; ++i) {
         dpk.f32()[i] += dpk_b.f32()[b * P * KVC + i];
@@ -194,25 +200,39 @@ TEST(KernelGrad, AttentionPrefixPackedRows) {
   check_attention_prefix(4, 2, 8, 3, 2, 5, pos.data());
 }
 
+// Position ids of packed rows: row b packs samples of the given lengths (summing to T).
+std::vector<int32_t> packed_positions(const std::vector<std::vector<int32_t>>& rows) {
+  std::vector<int32_t> pos;
+  for (const auto& lens : rows)
+    for (int32_t n : lens)
+      for (int32_t i = 0; i < n; ++i) pos.push_back(i);
+  return pos;
+}
+
+TEST(KernelGrad, AttentionPrefixPackedStrips) {
+  // Samples that start inside a 64-row strip and ones that span strips.
+  const auto pos = packed_positions({{40, 100, 10}, {150}});
+  check_attention_prefix(4, 2, 8, 3, 2, 150, pos.data());
+}
+
 // Forward against a double-precision reference (softmax over the P prefix keys and the causal
-// keys [t - pos[t], t]), with the prefix k/v interleaved in one buffer to exercise
-// prefix_stride, GQA and packed rows.
-TEST(KernelGrad, AttentionPrefixMatchesReference) {
-  const int64_t B = 2, T = 6, NH = 4, NKV = 2, HD = 8, P = 3, KVC = NKV * HD;
-  std::vector<int32_t> pos = {0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 4, 5};
+// keys [t - pos[t], t]: the output and the log-sum-exp backward relies on), with the prefix
+// k/v interleaved in one buffer to exercise prefix_stride, GQA and packed rows.
+void check_attention_reference(int64_t B, int64_t T, int64_t P, const std::vector<int32_t>& pos) {
+  const int64_t NH = 4, NKV = 2, HD = 8, KVC = NKV * HD;
   Tensor q = Tensor::zeros({B, T, NH * HD}), k = Tensor::zeros({B, T, KVC}),
-         v = Tensor::zeros({B, T, KVC}), prefix = Tensor::zeros({P, 2 * KVC});
+         v = Tensor::zeros({B, T, KVC}), prefix = Tensor::zeros({std::max<int64_t>(P, 1), 2 * KVC});
   test::fill_normal(q, 41);
   test::fill_normal(k, 42);
   test::fill_normal(v, 43);
   test::fill_normal(prefix, 44);
-  Tensor out = Tensor::zeros({B, T, NH * HD}), att = Tensor::zeros({B, NH, T, P + T});
+  Tensor out = Tensor::zeros({B, T, NH * HD}), lse = Tensor::zeros({B, NH, T});
   kernels::AttnDims d{B, T, NH, NKV, HD, NH * HD, KVC, pos.data()};
   d.prefix_k = prefix.f32();
   d.prefix_v = prefix.f32() + KVC;
   d.P = P;
   d.prefix_stride = 2 * KVC;
-  kernels::attention_forward(out.f32(), att.f32(), q.f32(), k.f32(), v.f32(), d);
+  kernels::attention_forward(out.f32(), lse.f32(), q.f32(), k.f32(), v.f32(), d);
 
   const int64_t W = P + T;
   for (int64_t b = 0; b < B; ++b) {
@@ -221,7 +241,7 @@ TEST(KernelGrad, AttentionPrefixMatchesReference) {
       for (int64_t t = 0; t < T; ++t) {
         const float* qt = q.f32() + (b * T + t) * NH * HD + h * HD;
         const int64_t s0 = t - pos[b * T + t];
-        // Scores of the W columns in att's order; masked columns stay -inf.
+        // Scores: P prefix columns, then T key columns; masked columns stay -inf.
         std::vector<double> sc(W, -INFINITY), val(W * HD, 0.0);
         for (int64_t c = 0; c < W; ++c) {
           const float *kr = nullptr, *vr = nullptr;
@@ -240,12 +260,9 @@ TEST(KernelGrad, AttentionPrefixMatchesReference) {
         }
         const double mx = *std::max_element(sc.begin(), sc.end());
         double sum = 0;
-        for (double& s : sc) sum += (s = std::exp(s - mx));
-        const float* a = att.f32() + ((b * NH + h) * T + t) * W;
-        for (int64_t c = 0; c < W; ++c) {
-          EXPECT_NEAR(a[c], sc[c] / sum, 1e-6)
-              << "att b" << b << " h" << h << " t" << t << " c" << c;
-        }
+        for (double& x : sc) sum += (x = std::exp(x - mx));
+        EXPECT_NEAR(lse.f32()[(b * NH + h) * T + t], mx + std::log(sum), 1e-5)
+            << "lse b" << b << " h" << h << " t" << t;
         for (int64_t i = 0; i < HD; ++i) {
           double o = 0;
           for (int64_t c = 0; c < W; ++c) o += sc[c] / sum * val[c * HD + i];
@@ -255,6 +272,16 @@ TEST(KernelGrad, AttentionPrefixMatchesReference) {
       }
     }
   }
+}
+
+TEST(KernelGrad, AttentionPrefixMatchesReference) {
+  check_attention_reference(2, 6, 3, {0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 4, 5});
+}
+TEST(KernelGrad, AttentionStripsMatchReference) {
+  const auto pos = packed_positions({{40, 100, 10}, {150}});
+  check_attention_reference(2, 150, 3, pos);
+  check_attention_reference(2, 150, 0, pos);
+  check_attention_reference(1, 200, 0, packed_positions({{200}}));
 }
 
 // P == 0 with prefix pointers set must give bit-identical results to the defaults (the
@@ -279,19 +306,19 @@ TEST(KernelGrad, AttentionZeroPrefixIsUnchanged) {
     std::vector<float> results[2];
     for (int run = 0; run < 2; ++run) {
       const kernels::AttnDims& d = run == 0 ? plain : zero;
-      Tensor out = Tensor::zeros({B, T, NH * HD}), att = Tensor::zeros({B, NH, T, T});
+      Tensor out = Tensor::zeros({B, T, NH * HD}), lse = Tensor::zeros({B, NH, T});
       Tensor dq = Tensor::zeros(q.shape()), dk = Tensor::zeros(k.shape()),
              dv = Tensor::zeros(v.shape()), dpk = Tensor::zeros({B, 4, KVC});
-      kernels::attention_forward(out.f32(), att.f32(), q.f32(), k.f32(), v.f32(), d);
+      kernels::attention_forward(out.f32(), lse.f32(), q.f32(), k.f32(), v.f32(), d);
       if (run == 0) {
         kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dout.f32(), q.f32(), k.f32(),
-                                    v.f32(), att.f32(), d);
+                                    v.f32(), out.f32(), lse.f32(), d);
       } else {
         kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dout.f32(), q.f32(), k.f32(),
-                                    v.f32(), att.f32(), d, dpk.f32(), dpk.f32());
+                                    v.f32(), out.f32(), lse.f32(), d, dpk.f32(), dpk.f32());
         for (int64_t i = 0; i < dpk.numel(); ++i) EXPECT_EQ(dpk.f32()[i], 0.0f);
       }
-      for (const Tensor* t : {&out, &att, &dq, &dk, &dv})
+      for (const Tensor* t : {&out, &lse, &dq, &dk, &dv})
         results[run].insert(results[run].end(), t->f32(), t->f32() + t->numel());
     }
     ASSERT_EQ(results[0].size(), results[1].size());

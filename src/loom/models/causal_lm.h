@@ -49,8 +49,9 @@ struct StageRange {
 //              running the group's forward again from that input. method uniform: every
 //              num_layers consecutive blocks are a group; block: each of the first
 //              num_layers blocks is a group of its own, and the rest keep everything.
-//   selective: every block keeps everything but the attention probabilities [B, H, T, P+T],
-//              which its backward recomputes from q and k.
+//   selective: Megatron's recompute of the attention core. Attention here never keeps its
+//              [B, H, T, P+T] probabilities (only a [B, H, T] log-sum-exp; backward
+//              recomputes them, kernels/cpu/attention.h), so this is what none already does.
 // The recompute repeats the forward exactly (dropout masks are keyed by position, nn/
 // dropout.h; a tensor-parallel group repeats its collectives in the same order), so the
 // gradients are the same bits as without. Evaluation forwards release the same way (no

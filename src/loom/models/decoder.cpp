@@ -148,13 +148,12 @@ std::optional<std::pair<size_t, size_t>> Decoder::checkpoint_group(size_t i, int
   return std::make_pair(first, std::min(first + k, b) - 1);
 }
 
-int64_t Decoder::blocks_activation_elems(int64_t layer, int64_t att, int64_t io) const {
+int64_t Decoder::blocks_activation_elems(int64_t layer, int64_t io) const {
   using G = ActivationCheckpointing::Granularity;
   const ActivationCheckpointing& ac = checkpointing_;
   const auto n_blocks = static_cast<int64_t>(blocks_.size());
-  if (ac.granularity == G::none) return n_blocks * layer;
-  // Selective: no block keeps its probabilities; one layer's recompute lives in scratch.
-  if (ac.granularity == G::selective) return n_blocks * (layer - att) + att;
+  // Selective keeps what none keeps: attention never stores its probabilities.
+  if (ac.granularity != G::full) return n_blocks * layer;
   // Full: every chunk keeps its groups' inputs and its output, the blocks outside groups
   // keep everything, and one group at a time (the largest) is rebuilt in backward.
   int64_t kept = 0, group = 0;
@@ -242,8 +241,6 @@ const Tensor& Decoder::forward_stage(const Tensor& ids, const Tensor& pos, const
                "pipeline stage input " + shape_str(x_in.shape()) + " is not the expected " +
                    shape_str(stream_shape(B, T)));
   }
-  const bool selective =
-      checkpointing_.granularity == ActivationCheckpointing::Granularity::selective;
   recompute_[chunk] = 0;
   chunk_out_[chunk] = Tensor();
   for (size_t i = chunk_start_[chunk]; i < chunk_start_[chunk + 1]; ++i) {
@@ -251,7 +248,6 @@ const Tensor& Decoder::forward_stage(const Tensor& ids, const Tensor& pos, const
     const auto group = checkpoint_group(i, chunk);
     if (group && group->first == i) kept_[i] = *x;  // what its recompute starts from
     x = &blocks_[i]->forward(*x, where_);
-    if (selective) blocks_[i]->release_scores();
     if (group && group->second == i) {
       // The group's output is the next block's input (or the chunk's): held here, so the
       // blocks can let go of everything they saved.

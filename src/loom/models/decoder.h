@@ -107,9 +107,9 @@ class Decoder : public CausalLM {
   Decoder(DecoderSpec spec, ParamBuffers buffers);
   const nn::TensorParallel& tensor_parallel() const { return spec_.tp; }
   // Elements the stage's blocks hold for one micro-batch under the activation checkpointing
-  // set, from one block's saved elements `layer` (att among them), its attention
-  // probabilities `att`, and one residual-stream tensor `io` (a group's kept input).
-  int64_t blocks_activation_elems(int64_t layer, int64_t att, int64_t io) const;
+  // set, from one block's saved elements `layer` and one residual-stream tensor `io` (a
+  // group's kept input).
+  int64_t blocks_activation_elems(int64_t layer, int64_t io) const;
   // Rows of logits live at once for a micro-batch of n tokens (the loss's chunk, or all).
   int64_t head_rows(int64_t n) const {
     return checkpointing_.loss_chunk_rows > 0 ? std::min(n, checkpointing_.loss_chunk_rows) : n;

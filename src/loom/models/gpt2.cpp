@@ -138,11 +138,10 @@ int64_t GPT2::activation_bytes(int64_t B, int64_t T) const {
   // vocabulary are split (t); with sequence parallelism the token rows between them too (s).
   const int64_t t = tensor_parallel().size(), s = tensor_parallel().sequence_parallel ? t : 1;
   // Per layer: ln_1, qkv, context, c_proj, residual, ln_2, c_fc and GELU, c_proj, output;
-  // and the attention probabilities [B, NH, T, P + T].
-  const int64_t att = B * cfg_.n_head / t * T * (prefix_length() + T);
-  const int64_t layer = N * (6 * C / s + 4 * C / t + 2 * H / t) + att;
+  // and attention's log-sum-exp [B, NH, T].
+  const int64_t layer = N * (6 * C / s + 4 * C / t + 2 * H / t) + N * cfg_.n_head / t;
   const int64_t scratch = N * (5 * C + 4 * C / t + 2 * H / t);
-  return 4 * (blocks_activation_elems(layer, att, N * C / s) + scratch + N * 2 * C +
+  return 4 * (blocks_activation_elems(layer, N * C / s) + scratch + N * 2 * C +
               (last_stage() ? head_rows(N) * cfg_.vocab_size / t : 0));
 }
 

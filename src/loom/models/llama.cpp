@@ -168,11 +168,11 @@ int64_t Llama::activation_bytes(int64_t B, int64_t T) const {
   const int64_t qd = cfg_.num_attention_heads * cfg_.dim_head() / t,
                 kvd = std::max<int64_t>(cfg_.num_key_value_heads / t, 1) * cfg_.dim_head();
   // Per layer: norm outputs, q/k/v, context, o, residual, MLP gate/up/product, down, output;
-  // and the attention probabilities [B, NH, T, P + T].
-  const int64_t att = B * cfg_.num_attention_heads / t * T * (prefix_length() + T);
-  const int64_t layer = N * (6 * C / s + 2 * qd + 2 * kvd + 3 * I / t) + att;
+  // and attention's log-sum-exp [B, NH, T].
+  const int64_t layer =
+      N * (6 * C / s + 2 * qd + 2 * kvd + 3 * I / t) + B * T * cfg_.num_attention_heads / t;
   const int64_t scratch = N * (5 * C + 3 * I / t + 2 * qd + 2 * kvd);
-  return 4 * (blocks_activation_elems(layer, att, N * C / s) + scratch + N * 2 * C +
+  return 4 * (blocks_activation_elems(layer, N * C / s) + scratch + N * 2 * C +
               (last_stage() ? head_rows(B * T) * cfg_.vocab_size / t : 0));
 }
 

@@ -9,12 +9,12 @@
 // Activation checkpointing (models/causal_lm.h) releases what a forward saved:
 //   release_activations: every tensor the block and its modules hold from the last forward
 //                   (norms' inputs and outputs, linears' saved inputs and outputs, q/k/v,
-//                   att, ctx, MLP intermediates, LoRA's and adapters' saved tensors, the
+//                   lse, ctx, MLP intermediates, LoRA's and adapters' saved tensors, the
 //                   output), so their storage is freed unless someone else holds it (the
 //                   input x belongs to the caller, who keeps it to recompute from). The next
 //                   forward allocates them again; backward needs such a forward first.
-//   release_scores: only attention's probabilities [B, H, T, P + T]; backward recomputes
-//                   them from the saved q and k (selective recompute), the same bits.
+// (Selective recompute needs no release: attention never keeps its probabilities,
+// kernels/cpu/attention.h.)
 #pragma once
 
 #include <cstdint>
@@ -54,7 +54,6 @@ class DecoderBlock {
                             const AdapterSpec& spec) = 0;
   virtual void attach_prefix(KVPrefix* prefix, int64_t layer) = 0;
   virtual void release_activations() = 0;
-  virtual void release_scores() = 0;
 };
 
 }  // namespace loom::nn

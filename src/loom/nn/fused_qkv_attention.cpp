@@ -29,10 +29,10 @@ const Tensor& FusedQKVAttention::forward(const Tensor& x, const Positions& p) {
   const float* q = qkv.f32();
   kernels::AttnDims d{B, T, NH_, NH_, C_ / NH_, 3 * C_, 3 * C_, pos};
   if (prefix_) prefix_->bind(d, layer_);
-  ensure(att_, {B, NH_, T, d.P + T});
+  ensure(lse_, {B, NH_, T});
   ensure(ctx_, {B, T, C_});
   pos_ = pos;
-  kernels::attention_forward(ctx_.f32(), att_.f32(), q, q + C_, q + 2 * C_, d);
+  kernels::attention_forward(ctx_.f32(), lse_.f32(), q, q + C_, q + 2 * C_, d);
   return c_proj_.forward(ctx_);
 }
 
@@ -53,7 +53,7 @@ const Tensor& FusedQKVAttention::forward_cached(const Tensor& x, const Positions
 void FusedQKVAttention::release_activations() {
   c_attn_.release_activations();
   c_proj_.release_activations();
-  att_ = ctx_ = Tensor();
+  lse_ = ctx_ = Tensor();
 }
 
 void FusedQKVAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch) {
@@ -70,15 +70,8 @@ void FusedQKVAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& sc
     dpk = scratch.zeros("attn.dpk", {B, d.P, C_});
     dpv = scratch.zeros("attn.dpv", {B, d.P, C_});
   }
-  // Selective recompute: the probabilities again from q and k, bit for bit the forward's
-  // (the same kernel), in scratch that every layer shares.
-  Tensor att = att_;
-  if (!att.defined()) {
-    att = scratch.zeros("attn.att", {B, NH_, T, d.P + T});
-    kernels::attention_forward(nullptr, att.f32(), q, q + C_, q + 2 * C_, d);
-  }
   kernels::attention_backward(dq, dq + C_, dq + 2 * C_, dctx.f32(), q, q + C_, q + 2 * C_,
-                              att.f32(), d, prefix_ ? dpk.f32() : nullptr,
+                              ctx_.f32(), lse_.f32(), d, prefix_ ? dpk.f32() : nullptr,
                               prefix_ ? dpv.f32() : nullptr);
   if (prefix_) prefix_->accumulate(dpk.f32(), dpv.f32(), B, layer_);
   c_attn_.backward(dqkv, dx);

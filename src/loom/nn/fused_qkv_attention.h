@@ -28,10 +28,8 @@ class FusedQKVAttention {
   const Tensor& forward_cached(const Tensor& x, const Positions& p, const Tensor& kc,
                                const Tensor& vc, int64_t past);
   std::vector<Linear*> linears() { return {&c_attn_, &c_proj_}; }
-  // Activation checkpointing (nn/decoder_block.h): every saved tensor, or only the
-  // probabilities att (selective: backward then recomputes them from the saved q and k).
+  // Activation checkpointing (nn/decoder_block.h): every saved tensor.
   void release_activations();
-  void release_scores() { att_ = Tensor(); }
   // Prefix tuning: attend to `prefix`'s keys and values for `layer` as well.
   void attach_prefix(KVPrefix* prefix, int64_t layer) {
     prefix_ = prefix;
@@ -43,8 +41,8 @@ class FusedQKVAttention {
   RowParallelLinear c_proj_;
   KVPrefix* prefix_ = nullptr;
   int64_t layer_ = 0;
-  int64_t C_, NH_;  // this rank's width and heads
-  Tensor att_, ctx_;
+  int64_t C_, NH_;                // this rank's width and heads
+  Tensor lse_, ctx_;              // lse_ [B, NH, T] (kernels/cpu/attention.h)
   const int32_t* pos_ = nullptr;  // the forward's position ids (owned by the model)
 };
 

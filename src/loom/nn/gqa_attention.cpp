@@ -61,10 +61,10 @@ const Tensor& GqaAttention::forward(const Tensor& x, const Positions& p) {
   kernels::rope_forward(k.f32(), rope_cos.f32(), rope_sin.f32(), B * T, NKV, D, NKV * D);
   kernels::AttnDims ad{B, T, NH, NKV, D, NH * D, NKV * D, pos};
   if (prefix_) prefix_->bind(ad, layer_);
-  ensure(att_, {B, NH, T, ad.P + T});
+  ensure(lse_, {B, NH, T});
   ensure(ctx_, {B, T, NH * D});
   pos_ = pos;
-  kernels::attention_forward(ctx_.f32(), att_.f32(), q.f32(), k.f32(), v.f32(), ad);
+  kernels::attention_forward(ctx_.f32(), lse_.f32(), q.f32(), k.f32(), v.f32(), ad);
   return o_.forward(ctx_);
 }
 
@@ -87,7 +87,7 @@ const Tensor& GqaAttention::forward_cached(const Tensor& x, const Positions& p, 
 
 void GqaAttention::release_activations() {
   for (Linear* l : linears()) l->release_activations();
-  att_ = ctx_ = cos_ = sin_ = Tensor();
+  lse_ = ctx_ = cos_ = sin_ = Tensor();
 }
 
 void GqaAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch) {
@@ -105,16 +105,8 @@ void GqaAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch
     dpk = scratch.zeros("gqa.dpk", {B, ad.P, NKV * D});
     dpv = scratch.zeros("gqa.dpv", {B, ad.P, NKV * D});
   }
-  // Selective recompute: the probabilities again from the rotated q and k, bit for bit the
-  // forward's (the same kernel), in scratch that every layer shares.
-  Tensor att = att_;
-  if (!att.defined()) {
-    att = scratch.zeros("gqa.att", {B, NH, T, ad.P + T});
-    kernels::attention_forward(nullptr, att.f32(), q_.output().f32(), k_.output().f32(),
-                               v_.output().f32(), ad);
-  }
   kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dctx.f32(), q_.output().f32(),
-                              k_.output().f32(), v_.output().f32(), att.f32(), ad,
+                              k_.output().f32(), v_.output().f32(), ctx_.f32(), lse_.f32(), ad,
                               prefix_ ? dpk.f32() : nullptr, prefix_ ? dpv.f32() : nullptr);
   if (prefix_) prefix_->accumulate(dpk.f32(), dpv.f32(), B, layer_);
   kernels::rope_backward(dq.f32(), cos_.f32(), sin_.f32(), B * T, NH, D, NH * D);

@@ -36,10 +36,8 @@ class GqaAttention {
   const Tensor& forward_cached(const Tensor& x, const Positions& p, const Tensor& kc,
                                const Tensor& vc, int64_t past);
   std::vector<Linear*> linears() { return {&q_, &k_, &v_, &o_}; }
-  // Activation checkpointing (nn/decoder_block.h): every saved tensor, or only the
-  // probabilities att (selective: backward then recomputes them from the saved q and k).
+  // Activation checkpointing (nn/decoder_block.h): every saved tensor.
   void release_activations();
-  void release_scores() { att_ = Tensor(); }
   // Prefix tuning: attend to `prefix`'s keys and values for `layer` as well.
   void attach_prefix(KVPrefix* prefix, int64_t layer) {
     prefix_ = prefix;
@@ -52,7 +50,7 @@ class GqaAttention {
   RowParallelLinear o_;
   KVPrefix* prefix_ = nullptr;
   int64_t layer_ = 0;
-  Tensor att_, ctx_, cos_, sin_;
+  Tensor lse_, ctx_, cos_, sin_;  // lse_ [B, NH, T] (kernels/cpu/attention.h)
   const int32_t* pos_ = nullptr;
 };
 

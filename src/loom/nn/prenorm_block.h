@@ -84,7 +84,6 @@ class PreNormBlock final : public DecoderBlock {
       if (ad) ad->release_activations();
     h_ = out_ = attn_in_ = mlp_in_ = Tensor();
   }
-  void release_scores() override { attn_.release_scores(); }
 
  private:
   // x [B, T, C], attention output [B, T, C] -> the block's output (residuals, MLP, adapters).

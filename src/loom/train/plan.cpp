@@ -102,8 +102,9 @@ struct StageShape {
   int boundaries = 0;                // chunk edges a micro-batch crosses to another rank
   // Per token, forward + backward: matmul FLOPs through f32 and through kept-quantized
   // weights; the query width of every layer (attention costs attention_flops x T x width
-  // per token: 12, and 2 or 4 more for a selective or full recompute of its forward).
-  double f32_flops = 0, quant_flops = 0, attention_width = 0, attention_flops = 12;
+  // per token: forward 4, backward 10 with its recompute of the scores, and 4 more for a
+  // full recompute of its forward).
+  double f32_flops = 0, quant_flops = 0, attention_width = 0, attention_flops = 14;
   std::unique_ptr<models::CausalLM> model;
 };
 
@@ -147,8 +148,9 @@ std::vector<StageShape> stage_shapes(const ModelSource& src, int tp, bool sp,
     const int prefix_unit = m.num_layers() + 2;
     // Full activation checkpointing runs the forward of the checkpointed blocks (every one,
     // or with method block the first num_layers of each chunk) twice: 2n more per token of
-    // their weights, spread evenly over the stage's blocks here; selective recomputes the
-    // attention scores (2 x T x width more), full the attention forward (4 more).
+    // their weights, spread evenly over the stage's blocks here, and the attention forward
+    // (4 x T x width more). Selective costs nothing more: attention's backward always
+    // recomputes its scores.
     using G = models::ActivationCheckpointing::Granularity;
     const models::ActivationCheckpointing& ac = src.checkpointing();
     double recomputed = 0;  // fraction of the stage's blocks
@@ -158,8 +160,6 @@ std::vector<StageShape> stage_shapes(const ModelSource& src, int tp, bool sp,
       for (const auto& [a, b] : range.chunks) n += std::min<int64_t>(ac.num_layers, b - a);
       recomputed = ac.block_method ? static_cast<double>(n) / static_cast<double>(s.n_layers) : 1.0;
       s.attention_flops += 4 * recomputed;
-    } else if (ac.granularity == G::selective) {
-      s.attention_flops += 2;
     }
     for (const auto& p : s.model->params().all()) {
       if (!p->trainable) s.frozen_bytes += src.frozen_bytes(*p);

@@ -1,5 +1,8 @@
 #include "loom/kernels/cpu/attention.h"
 
+#include <cblas.h>
+
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -9,75 +12,174 @@
 namespace loom::kernels {
 
 namespace {
+// Query rows per strip: a multiple of the GEMM kernels' row blocking that keeps a strip's
+// scores [64, P + T] in L2 at T = 1024 (256 KiB) while the diagonal block's masked half
+// wastes little (1/5 of the score products at T = 256, 1/17 at T = 1024).
+constexpr int64_t kRows = 64;
+
 // First key position token t of row b may attend to: its packed sample's start.
 inline int64_t first_key(const AttnDims& d, int64_t b, int64_t t) {
   if (!d.pos) return 0;
   const int64_t p = d.pos[b * d.T + t];
   return p <= t ? t - p : 0;
 }
+
+// m query rows of `heads` heads of one KV group (stacked: head 1's m rows after head 0's)
+// and the keys they may see: P prefix rows (columns [0, P) of the strip's score block),
+// then n key rows starting at key position k0 (columns [P, P + n)); row r sees key columns
+// lo[r % m]..hi[r % m] of those n (inclusive) and every prefix column.
+struct Strip {
+  const float *q, *k, *v, *pk, *pv;
+  int64_t qs, kvs, ps;  // row strides of q, k/v, the prefix
+  int64_t m, heads, n, P, HD, k0;
+  int64_t lo[kRows], hi[kRows];
+  int64_t rows() const { return m * heads; }
+  int64_t width() const { return P + n; }
+};
+
+// The strip of training rows t0.. of head h in batch row b.
+Strip training_strip(const AttnDims& d, const float* q, const float* k, const float* v, int64_t b,
+                     int64_t h, int64_t t0) {
+  const int64_t g = h / (d.NH / d.NKV);
+  Strip s{};
+  s.m = std::min(kRows, d.T - t0);
+  s.heads = 1;
+  s.k0 = t0;
+  for (int64_t i = 0; i < s.m; ++i) s.k0 = std::min(s.k0, first_key(d, b, t0 + i));
+  s.n = t0 + s.m - s.k0;
+  for (int64_t i = 0; i < s.m; ++i) {
+    s.lo[i] = first_key(d, b, t0 + i) - s.k0;
+    s.hi[i] = t0 + i - s.k0;
+  }
+  s.q = q + (b * d.T + t0) * d.q_stride + h * d.HD;
+  s.k = k + (b * d.T + s.k0) * d.kv_stride + g * d.HD;
+  s.v = v + (b * d.T + s.k0) * d.kv_stride + g * d.HD;
+  s.qs = d.q_stride;
+  s.kvs = d.kv_stride;
+  s.P = d.P;
+  if (d.P > 0) {
+    s.pk = d.prefix_k + g * d.HD;
+    s.pv = d.prefix_v + g * d.HD;
+    s.ps = d.prefix_stride;
+  }
+  s.HD = d.HD;
+  return s;
+}
+
+// C[m, n] (row stride ldc) = alpha A B^T + beta C, or with A and/or B not transposed.
+// Single-threaded: it runs inside the kernels' own parallel loops (OpenBLAS's OpenMP build
+// does not fork again inside a parallel region).
+inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+              k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// S[rows, P + n] = [Q PK^T | Q K^T] / sqrt(HD)
+void scores(float* S, const Strip& s, float scale) {
+  const int64_t w = s.width(), r = s.rows();
+  if (s.P > 0) gemm(false, true, r, s.P, s.HD, scale, s.q, s.qs, s.pk, s.ps, 0.0f, S, w);
+  gemm(false, true, r, s.n, s.HD, scale, s.q, s.qs, s.k, s.kvs, 0.0f, S + s.P, w);
+}
+
+// out[rows, HD] (row stride ldo) = S [PV; V] (beta 0), or dq += dS [PK; K] (beta 1).
+void times_rows(float* out, int64_t ldo, float beta, const float* S, const Strip& s,
+                const float* prefix, const float* keys) {
+  const int64_t w = s.width(), r = s.rows();
+  if (s.P > 0) {
+    gemm(false, false, r, s.HD, s.P, 1.0f, S, w, prefix, s.ps, beta, out, ldo);
+    beta = 1.0f;
+  }
+  gemm(false, false, r, s.HD, s.n, 1.0f, S + s.P, w, keys, s.kvs, beta, out, ldo);
+}
+
+// x[c] = exp(x[c] - shift) for c < n; returns their sum. Out of line with plain pointers:
+// inlined into the strip loops GCC left it scalar (the clamps became branches).
+[[gnu::noinline]] float exp_sum(float* __restrict x, int64_t n, float shift) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < n; ++c) {
+    x[c] = vexp(x[c] - shift);
+    sum += x[c];
+  }
+  return sum;
+}
+
+[[gnu::noinline]] float max_of(const float* __restrict x, int64_t n, float mx) {
+#pragma omp simd reduction(max : mx)
+  for (int64_t c = 0; c < n; ++c) mx = x[c] > mx ? x[c] : mx;
+  return mx;
+}
+
+// Row i of the strip's scores: every prefix column and key columns [lo, hi] are visible;
+// the rest become 0. Visible x becomes exp(x - shift) (shift = the row's lse in backward:
+// the probabilities again). Returns the sum of the visible values.
+inline float exp_row(float* row, const Strip& s, int64_t i, float shift) {
+  float* a = row + s.P;
+  const int64_t lo = s.lo[i], hi = s.hi[i];
+  const float sum = exp_sum(row, s.P, shift) + exp_sum(a + lo, hi - lo + 1, shift);
+  std::fill(a, a + lo, 0.0f);
+  std::fill(a + hi + 1, a + s.n, 0.0f);
+  return sum;
+}
+
+// Softmax of row i in place over its visible columns (one softmax spans prefix and keys);
+// returns the row's log-sum-exp.
+inline float softmax_row(float* row, const Strip& s, int64_t i) {
+  const float mx = max_of(row + s.P + s.lo[i], s.hi[i] - s.lo[i] + 1, max_of(row, s.P, -INFINITY));
+  const float sum = exp_row(row, s, i, mx), inv = 1.0f / sum;
+#pragma omp simd
+  for (int64_t c = 0; c < s.width(); ++c) row[c] *= inv;
+  return mx + std::log(sum);
+}
+
+// One strip's forward: out rows (stride ldo, stacked as the strip's) and, when lse is
+// non-null, their lse (head j's m values at lse + j * lse_head).
+void forward_strip(float* out, int64_t ldo, float* lse, int64_t lse_head, float* S, const Strip& s,
+                   float scale) {
+  scores(S, s, scale);
+  const int64_t w = s.width();
+  for (int64_t r = 0; r < s.rows(); ++r) {
+    const float l = softmax_row(S + r * w, s, r % s.m);
+    if (lse) lse[r / s.m * lse_head + r % s.m] = l;
+  }
+  times_rows(out, ldo, 0.0f, S, s, s.pv, s.v);
+}
 }  // namespace
 
-void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const AttnDims& d) {
   prof::ScopedPhase ph(prof::Phase::Attention);
-  const int64_t T = d.T, HD = d.HD, C = d.NH * d.HD, group = d.NH / d.NKV;
-  const int64_t P = d.P, W = P + T;  // att row width: P prefix columns, then T key columns
+  const int64_t T = d.T, HD = d.HD, C = d.NH * HD, group = d.NH / d.NKV;
+  const int64_t strips = (T + kRows - 1) / kRows;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < d.B; ++b) {
-    for (int64_t h = 0; h < d.NH; ++h) {
-      const int64_t g = h / group;
-      float* a_bh = att + (b * d.NH + h) * T * W;
-      for (int64_t t = 0; t < T; ++t) {
-        const float* qt = q + (b * T + t) * d.q_stride + h * HD;
-        float* pa = a_bh + t * W;  // pa[j]: prefix key j (none when P == 0)
-        float* a = pa + P;         // a[s]: key s
-        const int64_t s0 = first_key(d, b, t);
-        float mx = -INFINITY;
-        // Prefix keys: visible to every query, so no mask.
-        for (int64_t j = 0; j < P; ++j) {
-          const float* pk = d.prefix_k + j * d.prefix_stride + g * HD;
-          float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t i = 0; i < HD; ++i) dot += qt[i] * pk[i];
-          pa[j] = dot * scale;
-          mx = std::max(mx, pa[j]);
-        }
-        for (int64_t s = 0; s < s0; ++s) a[s] = 0.0f;
-        for (int64_t s = s0; s <= t; ++s) {
-          const float* ks = k + (b * T + s) * d.kv_stride + g * HD;
-          float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t i = 0; i < HD; ++i) dot += qt[i] * ks[i];
-          a[s] = dot * scale;
-          mx = std::max(mx, a[s]);
-        }
-        // One softmax over prefix and causal scores together.
-        float sum = 0.0f;
-        for (int64_t j = 0; j < P; ++j) {
-          pa[j] = vexp(pa[j] - mx);
-          sum += pa[j];
-        }
-        for (int64_t s = s0; s <= t; ++s) {
-          a[s] = vexp(a[s] - mx);
-          sum += a[s];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t j = 0; j < P; ++j) pa[j] *= inv;
-        for (int64_t s = s0; s <= t; ++s) a[s] *= inv;
-        for (int64_t s = t + 1; s < T; ++s) a[s] = 0.0f;
-        if (!out) continue;  // the probabilities only
-        float* o = out + (b * T + t) * C + h * HD;
-        for (int64_t i = 0; i < HD; ++i) o[i] = 0.0f;
-        for (int64_t j = 0; j < P; ++j) {
-          const float* pv = d.prefix_v + j * d.prefix_stride + g * HD;
-          const float w = pa[j];
-          for (int64_t i = 0; i < HD; ++i) o[i] += w * pv[i];
-        }
-        for (int64_t s = s0; s <= t; ++s) {
-          const float* vs = v + (b * T + s) * d.kv_stride + g * HD;
-          const float w = a[s];
-          for (int64_t i = 0; i < HD; ++i) o[i] += w * vs[i];
+#pragma omp parallel
+  {
+    // Under GQA the heads of a group share their keys and values: their query rows are
+    // stacked (Qg [group * m, HD]) so each product runs once per group, group times taller.
+    std::vector<float> S(static_cast<size_t>(group * kRows * (d.P + T)));
+    std::vector<float> Qg(group > 1 ? group * kRows * HD : 0), Og(Qg.size());
+    // Later strips see more keys: dynamic scheduling evens the threads out.
+#pragma omp for collapse(3) schedule(dynamic)
+    for (int64_t b = 0; b < d.B; ++b) {
+      for (int64_t g = 0; g < d.NKV; ++g) {
+        for (int64_t j = 0; j < strips; ++j) {
+          const int64_t t0 = j * kRows, h0 = g * group;
+          Strip s = training_strip(d, q, k, v, b, h0, t0);
+          float* o = out + (b * T + t0) * C + h0 * HD;
+          float* l = lse + (b * d.NH + h0) * T + t0;
+          if (group == 1) {
+            forward_strip(o, C, l, T, S.data(), s, scale);
+            continue;
+          }
+          for (int64_t r = 0; r < group * s.m; ++r)
+            std::copy_n(s.q + (r % s.m) * s.qs + (r / s.m) * HD, HD, Qg.data() + r * HD);
+          s.q = Qg.data();
+          s.qs = HD;
+          s.heads = group;
+          forward_strip(Og.data(), HD, l, T, S.data(), s, scale);
+          for (int64_t r = 0; r < group * s.m; ++r)
+            std::copy_n(Og.data() + r * HD, HD, o + (r % s.m) * C + (r / s.m) * HD);
         }
       }
     }
@@ -85,76 +187,100 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                        const float* k, const float* v, const float* att, const AttnDims& d,
-                        float* dprefix_k, float* dprefix_v) {
+                        const float* k, const float* v, const float* out, const float* lse,
+                        const AttnDims& d, float* dprefix_k, float* dprefix_v) {
   prof::ScopedPhase ph(prof::Phase::Attention);
-  const int64_t T = d.T, HD = d.HD, C = d.NH * d.HD, group = d.NH / d.NKV;
-  const int64_t P = d.P, W = P + T, KVC = d.NKV * d.HD;  // W: att row width
+  const int64_t T = d.T, HD = d.HD, C = d.NH * HD, group = d.NH / d.NKV, KVC = d.NKV * HD;
+  const int64_t strips = (T + kRows - 1) / kRows, P = d.P;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-  // Parallel over (batch, kv head): the query heads of one group all write the same dk/dv
-  // rows, so they run in one thread. The prefix is shared across b, so its gradients go to
-  // the per-batch slices dprefix_k/v[b] ([P, NKV*HD]) to stay race-free.
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < d.B; ++b) {
-    for (int64_t g = 0; g < d.NKV; ++g) {
-      std::vector<float> datt_buf(P + T);  // dL/datt of one row: P prefix, then T keys
-      float* pdatt = datt_buf.data();
-      float* datt = pdatt + P;
-      float* dpk_b = dprefix_k ? dprefix_k + b * P * KVC : nullptr;
-      float* dpv_b = dprefix_v ? dprefix_v + b * P * KVC : nullptr;
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const float* a_bh = att + (b * d.NH + h) * T * W;
-        for (int64_t t = 0; t < T; ++t) {
-          const float* pa = a_bh + t * W;  // prefix probabilities
-          const float* a = pa + P;         // key probabilities
-          const float* dot_ = dout + (b * T + t) * C + h * HD;
-          const int64_t s0 = first_key(d, b, t);
-          // datt[s] = dout_t . v_s ; dv_s += a[s] * dout_t (same for the prefix values)
-          float dsum = 0.0f;
-          for (int64_t j = 0; j < P; ++j) {
-            const float* pv = d.prefix_v + j * d.prefix_stride + g * HD;
-            float dd = 0.0f;
-#pragma omp simd reduction(+ : dd)
-            for (int64_t i = 0; i < HD; ++i) dd += dot_[i] * pv[i];
-            if (dpv_b) {
-              float* dpv = dpv_b + j * KVC + g * HD;
+  // Parallel over (batch, query head). The heads of one KV group would write the same dk/dv
+  // rows (and a batch row's prefix slice), so under GQA each head accumulates into its own
+  // [T, HD] (and [P, HD]) part, summed per group below; MHA heads write dk/dv directly.
+  const bool parts = group > 1;
+  const bool prefix_grads = P > 0 && dprefix_k && dprefix_v;
+  const int64_t part_kv = d.B * d.NH * T * HD, part_p = prefix_grads ? d.B * d.NH * P * HD : 0;
+  std::vector<float> part(parts ? 2 * (part_kv + part_p) : 0, 0.0f);
+  float *pdk = part.data(), *pdv = pdk + part_kv, *pdpk = pdv + part_kv, *pdpv = pdpk + part_p;
+#pragma omp parallel
+  {
+    // Pr: the strip's probabilities again; dS: dL/dscores (first dL/dP).
+    std::vector<float> Pr(static_cast<size_t>(kRows * (P + T))), dS(Pr.size());
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < d.B; ++b) {
+      for (int64_t h = 0; h < d.NH; ++h) {
+        const int64_t g = h / group, bh = b * d.NH + h;
+        // Where this head's key/value (and prefix) gradients go, and their row strides.
+        float* dk_h = parts ? pdk + bh * T * HD : dk + b * T * d.kv_stride + g * HD;
+        float* dv_h = parts ? pdv + bh * T * HD : dv + b * T * d.kv_stride + g * HD;
+        const int64_t ldkv = parts ? HD : d.kv_stride;
+        float* dpk_h = !prefix_grads ? nullptr
+                       : parts       ? pdpk + bh * P * HD
+                                     : dprefix_k + b * P * KVC + g * HD;
+        float* dpv_h = !prefix_grads ? nullptr
+                       : parts       ? pdpv + bh * P * HD
+                                     : dprefix_v + b * P * KVC + g * HD;
+        const int64_t ldp = parts ? HD : KVC;
+        for (int64_t j = 0; j < strips; ++j) {
+          const int64_t t0 = j * kRows;
+          const Strip s = training_strip(d, q, k, v, b, h, t0);
+          const int64_t w = s.width(), m = s.m, n = s.n;
+          const float* l = lse + bh * T + t0;
+          const float* dO = dout + (b * T + t0) * C + h * HD;
+          const float* O = out + (b * T + t0) * C + h * HD;
+          scores(Pr.data(), s, scale);
+          for (int64_t i = 0; i < m; ++i) exp_row(Pr.data() + i * w, s, i, l[i]);
+          // dP = dO [PV; V]^T
+          if (P > 0) gemm(false, true, m, P, HD, 1.0f, dO, C, s.pv, s.ps, 0.0f, dS.data(), w);
+          gemm(false, true, m, n, HD, 1.0f, dO, C, s.v, s.kvs, 0.0f, dS.data() + P, w);
+          // Softmax backward: dS = P (dP - rowsum(dO o O)) / sqrt(HD); rowsum(dO o O) is
+          // sum_s P dP, the same quantity from the saved output.
+          for (int64_t i = 0; i < m; ++i) {
+            float dsum = 0.0f;
+#pragma omp simd reduction(+ : dsum)
+            for (int64_t c = 0; c < HD; ++c) dsum += dO[i * C + c] * O[i * C + c];
+            const float* p = Pr.data() + i * w;
+            float* ds = dS.data() + i * w;
 #pragma omp simd
-              for (int64_t i = 0; i < HD; ++i) dpv[i] += pa[j] * dot_[i];
-            }
-            pdatt[j] = dd;
-            dsum += pa[j] * dd;
+            for (int64_t c = 0; c < w; ++c) ds[c] = p[c] * (ds[c] - dsum) * scale;
           }
-          for (int64_t s = s0; s <= t; ++s) {
-            const float* vs = v + (b * T + s) * d.kv_stride + g * HD;
-            float* dvs = dv + (b * T + s) * d.kv_stride + g * HD;
-            float dd = 0.0f;
-#pragma omp simd reduction(+ : dd)
-            for (int64_t i = 0; i < HD; ++i) {
-              dd += dot_[i] * vs[i];
-              dvs[i] += a[s] * dot_[i];
+          // dV += P^T dO, dK += dS^T Q, dQ += dS [PK; K]; the prefix's rows alike.
+          float* dks = dk_h + s.k0 * ldkv;
+          float* dvs = dv_h + s.k0 * ldkv;
+          gemm(true, false, n, HD, m, 1.0f, Pr.data() + P, w, dO, C, 1.0f, dvs, ldkv);
+          gemm(true, false, n, HD, m, 1.0f, dS.data() + P, w, s.q, s.qs, 1.0f, dks, ldkv);
+          times_rows(dq + (b * T + t0) * d.q_stride + h * HD, d.q_stride, 1.0f, dS.data(), s, s.pk,
+                     s.k);
+          if (dpv_h) gemm(true, false, P, HD, m, 1.0f, Pr.data(), w, dO, C, 1.0f, dpv_h, ldp);
+          if (dpk_h) gemm(true, false, P, HD, m, 1.0f, dS.data(), w, s.q, s.qs, 1.0f, dpk_h, ldp);
+        }
+      }
+    }
+    if (parts) {
+      // Each group's heads summed into dk/dv (and the batch row's prefix slices).
+#pragma omp for collapse(2) schedule(static)
+      for (int64_t b = 0; b < d.B; ++b) {
+        for (int64_t g = 0; g < d.NKV; ++g) {
+          for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+            const int64_t bh = b * d.NH + h;
+            for (int64_t t = 0; t < T; ++t) {
+              float* dkt = dk + (b * T + t) * d.kv_stride + g * HD;
+              float* dvt = dv + (b * T + t) * d.kv_stride + g * HD;
+              const float *a = pdk + (bh * T + t) * HD, *c = pdv + (bh * T + t) * HD;
+#pragma omp simd
+              for (int64_t i = 0; i < HD; ++i) {
+                dkt[i] += a[i];
+                dvt[i] += c[i];
+              }
             }
-            datt[s] = dd;
-            dsum += a[s] * dd;
-          }
-          // softmax backward (dsum spans prefix and keys), then through the scaled dot product
-          const float* qt = q + (b * T + t) * d.q_stride + h * HD;
-          float* dqt = dq + (b * T + t) * d.q_stride + h * HD;
-          for (int64_t j = 0; j < P; ++j) {
-            const float gs = pa[j] * (pdatt[j] - dsum) * scale;
-            const float* pk = d.prefix_k + j * d.prefix_stride + g * HD;
-            for (int64_t i = 0; i < HD; ++i) dqt[i] += gs * pk[i];
-            if (dpk_b) {
-              float* dpk = dpk_b + j * KVC + g * HD;
-              for (int64_t i = 0; i < HD; ++i) dpk[i] += gs * qt[i];
-            }
-          }
-          for (int64_t s = s0; s <= t; ++s) {
-            const float gs = a[s] * (datt[s] - dsum) * scale;
-            const float* ks = k + (b * T + s) * d.kv_stride + g * HD;
-            float* dks = dk + (b * T + s) * d.kv_stride + g * HD;
-            for (int64_t i = 0; i < HD; ++i) {
-              dqt[i] += gs * ks[i];
-              dks[i] += gs * qt[i];
+            for (int64_t j = 0; prefix_grads && j < P; ++j) {
+              float* dpk = dprefix_k + (b * P + j) * KVC + g * HD;
+              float* dpv = dprefix_v + (b * P + j) * KVC + g * HD;
+              const float *a = pdpk + (bh * P + j) * HD, *c = pdpv + (bh * P + j) * HD;
+#pragma omp simd
+              for (int64_t i = 0; i < HD; ++i) {
+                dpk[i] += a[i];
+                dpv[i] += c[i];
+              }
             }
           }
         }
@@ -167,37 +293,31 @@ void attention_forward_cached(float* out, const float* q, const float* kc, const
                               int64_t n, int64_t past, int64_t NH, int64_t NKV, int64_t HD,
                               int64_t q_stride, int64_t kv_stride) {
   prof::ScopedPhase ph(prof::Phase::Attention);
-  const int64_t group = NH / NKV, C = NH * HD;
+  const int64_t group = NH / NKV, C = NH * HD, strips = (n + kRows - 1) / kRows;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
 #pragma omp parallel
   {
-    std::vector<float> a(past + n);
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
+    std::vector<float> S(static_cast<size_t>(kRows * (past + n)));
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t j = 0; j < strips; ++j) {
       for (int64_t h = 0; h < NH; ++h) {
-        const int64_t g = h / group, len = past + i + 1;
-        const float* qi = q + i * q_stride + h * HD;
-        float mx = -INFINITY;
-        for (int64_t s = 0; s < len; ++s) {
-          const float* ks = kc + s * kv_stride + g * HD;
-          float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < HD; ++d) dot += qi[d] * ks[d];
-          a[s] = dot * scale;
-          mx = std::max(mx, a[s]);
+        // Queries i0.. sit at positions past + i0.. and see cache rows [0, past + i].
+        const int64_t i0 = j * kRows, g = h / group;
+        Strip s{};
+        s.m = std::min(kRows, n - i0);
+        s.heads = 1;
+        s.n = past + i0 + s.m;
+        for (int64_t i = 0; i < s.m; ++i) {
+          s.lo[i] = 0;
+          s.hi[i] = past + i0 + i;
         }
-        float sum = 0.0f;
-        for (int64_t s = 0; s < len; ++s) {
-          a[s] = vexp(a[s] - mx);
-          sum += a[s];
-        }
-        float* o = out + i * C + h * HD;
-        for (int64_t d = 0; d < HD; ++d) o[d] = 0.0f;
-        for (int64_t s = 0; s < len; ++s) {
-          const float* vs = vc + s * kv_stride + g * HD;
-          const float w = a[s] / sum;
-          for (int64_t d = 0; d < HD; ++d) o[d] += w * vs[d];
-        }
+        s.q = q + i0 * q_stride + h * HD;
+        s.k = kc + g * HD;
+        s.v = vc + g * HD;
+        s.qs = q_stride;
+        s.kvs = kv_stride;
+        s.HD = HD;
+        forward_strip(out + i0 * C + h * HD, C, nullptr, 0, S.data(), s, scale);
       }
     }
   }
