@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One command for the step benchmarks, Loom's and PyTorch's, same machine, same thread
 # count, one after the other:
+#   attention          the attention kernel alone, forward and backward, SmolLM2's heads,
+#                      B = 4, T = 256 and 1024, against sgemm (bench/bench_attention.cpp);
 #   gpt2-124m          GPT-2 124M training step (bench/torch_step.py: the same model and
 #                      step), in fp32 and in bf16 (Loom's bf16 section, torch.autocast);
 #   smollm2-lora-q     SmolLM2-135M-Instruct, LoRA r=8 on the 7 projections, base Q4_1 kept
@@ -9,7 +11,7 @@
 #   smollm2-full       full fine-tuning of SmolLM2 in fp32;
 # the SmolLM2 steps are 8 x 256 tokens (micro-batch 4, accumulation 2: the demo's shapes,
 # bench/ft-smollm2.json; bench/torch_finetune.py for PyTorch). Prints one JSON line per case
-# and implementation, then the tables with the ratios. CASES="gpt2 ft" (default both).
+# and implementation, then the tables with the ratios. CASES="attention gpt2 ft" (default all).
 #   bash bench/run.sh [BUILD_DIR] [REF_VENV]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +25,10 @@ export OMP_NUM_THREADS=$threads OMP_WAIT_POLICY=PASSIVE
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 # fp32, then mixed precision: Loom's bf16 section against torch.autocast(bfloat16) on CPU
 # (the forward and loss under autocast, AdamW on fp32 parameters: both keep fp32 masters).
-cases=${CASES:-gpt2 ft}
+cases=${CASES:-attention gpt2 ft}
+if [[ $cases == *attention* ]]; then
+  "$build/bench_attention"
+fi
 if [[ $cases == *gpt2* ]]; then
 loom=$("$build/bench_step" --steps 10 --warmup 3)
 loom16=$("$build/bench_step" --steps 10 --warmup 3 --precision bf16)
