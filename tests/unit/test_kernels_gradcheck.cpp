@@ -1,5 +1,6 @@
 // Finite-difference checks of every CPU kernel's backward.
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -282,6 +283,47 @@ TEST(KernelGrad, AttentionStripsMatchReference) {
   check_attention_reference(2, 150, 3, pos);
   check_attention_reference(2, 150, 0, pos);
   check_attention_reference(1, 200, 0, packed_positions({{200}}));
+}
+
+// The backward's two ways of splitting GQA work: a task per (batch row, KV group) with the
+// group's heads stacked (enough pairs for the threads: here one thread), and a task per
+// (batch row, head) with per-head key/value partials summed per group (here 16 threads,
+// fewer pairs than twice that). Both must give the same gradients, prefix ones included,
+// up to summation order.
+TEST(KernelGrad, AttentionBackwardSplitsAgree) {
+  const int64_t B = 2, T = 150, NH = 6, NKV = 2, HD = 8, P = 3, KVC = NKV * HD;
+  const auto pos = packed_positions({{40, 100, 10}, {150}});
+  Tensor q = Tensor::zeros({B, T, NH * HD}), k = Tensor::zeros({B, T, KVC}),
+         v = Tensor::zeros({B, T, KVC}), dout = Tensor::zeros({B, T, NH * HD}),
+         prefix = Tensor::zeros({P, 2 * KVC});
+  test::fill_normal(q, 61);
+  test::fill_normal(k, 62);
+  test::fill_normal(v, 63);
+  test::fill_normal(dout, 64);
+  test::fill_normal(prefix, 65);
+  kernels::AttnDims d{B, T, NH, NKV, HD, NH * HD, KVC, pos.data()};
+  d.prefix_k = prefix.f32();
+  d.prefix_v = prefix.f32() + KVC;
+  d.P = P;
+  d.prefix_stride = 2 * KVC;
+  Tensor out = Tensor::zeros({B, T, NH * HD}), lse = Tensor::zeros({B, NH, T});
+  kernels::attention_forward(out.f32(), lse.f32(), q.f32(), k.f32(), v.f32(), d);
+  const int threads = omp_get_max_threads();
+  std::vector<float> grads[2];
+  for (int run = 0; run < 2; ++run) {
+    omp_set_num_threads(run == 0 ? 1 : 16);
+    Tensor dq = Tensor::zeros(q.shape()), dk = Tensor::zeros(k.shape()),
+           dv = Tensor::zeros(v.shape()), dpk = Tensor::zeros({B, P, KVC}),
+           dpv = Tensor::zeros({B, P, KVC});
+    kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dout.f32(), q.f32(), k.f32(), v.f32(),
+                                out.f32(), lse.f32(), d, dpk.f32(), dpv.f32());
+    for (const Tensor* t : {&dq, &dk, &dv, &dpk, &dpv})
+      grads[run].insert(grads[run].end(), t->f32(), t->f32() + t->numel());
+  }
+  omp_set_num_threads(threads);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i)
+    ASSERT_NEAR(grads[0][i], grads[1][i], 1e-5 * (1 + std::fabs(grads[0][i]))) << "element " << i;
 }
 
 // P == 0 with prefix pointers set must give bit-identical results to the defaults (the

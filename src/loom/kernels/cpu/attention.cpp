@@ -1,6 +1,7 @@
 #include "loom/kernels/cpu/attention.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -145,6 +146,38 @@ void forward_strip(float* out, int64_t ldo, float* lse, int64_t lse_head, float*
   }
   times_rows(out, ldo, 0.0f, S, s, s.pv, s.v);
 }
+// Where one backward strip's gradients go: dq rows (stacked as the strip's rows, row stride
+// ldq), the key/value rows from position k0 on (stride ldkv), the prefix's P rows (stride
+// ldp; null: no prefix gradients).
+struct StripGrads {
+  float *dq, *dk, *dv, *dpk, *dpv;
+  int64_t ldq, ldkv, ldp;
+};
+
+// One strip's backward. dO: the strip's output gradient rows (stride ldo, stacked as its
+// rows); l, D: each row's lse and rowsum(dO o O). Pr, dS: [rows, P + n] buffers.
+void backward_strip(const Strip& s, const float* dO, int64_t ldo, const float* l, const float* D,
+                    const StripGrads& g, float* Pr, float* dS, float scale) {
+  const int64_t w = s.width(), R = s.rows(), n = s.n, P = s.P, HD = s.HD;
+  scores(Pr, s, scale);
+  for (int64_t r = 0; r < R; ++r) exp_row(Pr + r * w, s, r % s.m, l[r]);
+  // dP = dO [PV; V]^T
+  if (P > 0) gemm(false, true, R, P, HD, 1.0f, dO, ldo, s.pv, s.ps, 0.0f, dS, w);
+  gemm(false, true, R, n, HD, 1.0f, dO, ldo, s.v, s.kvs, 0.0f, dS + P, w);
+  // Softmax backward: dS = P (dP - D) / sqrt(HD), D = rowsum(dO o O) = sum_s P dP.
+  for (int64_t r = 0; r < R; ++r) {
+    const float* p = Pr + r * w;
+    float* ds = dS + r * w;
+#pragma omp simd
+    for (int64_t c = 0; c < w; ++c) ds[c] = p[c] * (ds[c] - D[r]) * scale;
+  }
+  // dV += P^T dO, dK += dS^T Q, dQ += dS [PK; K]; the prefix's rows alike.
+  gemm(true, false, n, HD, R, 1.0f, Pr + P, w, dO, ldo, 1.0f, g.dv + s.k0 * g.ldkv, g.ldkv);
+  gemm(true, false, n, HD, R, 1.0f, dS + P, w, s.q, s.qs, 1.0f, g.dk + s.k0 * g.ldkv, g.ldkv);
+  times_rows(g.dq, g.ldq, 1.0f, dS, s, s.pk, s.k);
+  if (P > 0 && g.dpv) gemm(true, false, P, HD, R, 1.0f, Pr, w, dO, ldo, 1.0f, g.dpv, g.ldp);
+  if (P > 0 && g.dpk) gemm(true, false, P, HD, R, 1.0f, dS, w, s.q, s.qs, 1.0f, g.dpk, g.ldp);
+}
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -193,65 +226,86 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const int64_t T = d.T, HD = d.HD, C = d.NH * HD, group = d.NH / d.NKV, KVC = d.NKV * HD;
   const int64_t strips = (T + kRows - 1) / kRows, P = d.P;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-  // Parallel over (batch, query head). The heads of one KV group would write the same dk/dv
-  // rows (and a batch row's prefix slice), so under GQA each head accumulates into its own
-  // [T, HD] (and [P, HD]) part, summed per group below; MHA heads write dk/dv directly.
-  const bool parts = group > 1;
   const bool prefix_grads = P > 0 && dprefix_k && dprefix_v;
+  // Under GQA, with enough (batch, group) pairs for the threads, a task owns one KV group of
+  // one batch row: its heads' rows stacked as in forward, dk/dv (and the prefix slice) its
+  // own. Otherwise a task is one (batch, head), and GQA's heads accumulate their key/value
+  // gradients in per-head parts summed per group at the end (MHA's write dk/dv directly).
+  const bool stacked = group > 1 && d.B * d.NKV >= 2 * omp_get_max_threads();
+  const bool parts = group > 1 && !stacked;
   const int64_t part_kv = d.B * d.NH * T * HD, part_p = prefix_grads ? d.B * d.NH * P * HD : 0;
   std::vector<float> part(parts ? 2 * (part_kv + part_p) : 0, 0.0f);
   float *pdk = part.data(), *pdv = pdk + part_kv, *pdpk = pdv + part_kv, *pdpv = pdpk + part_p;
+  const int64_t heads = stacked ? group : 1;  // heads per task
 #pragma omp parallel
   {
-    // Pr: the strip's probabilities again; dS: dL/dscores (first dL/dP).
-    std::vector<float> Pr(static_cast<size_t>(kRows * (P + T))), dS(Pr.size());
+    // Pr: the strip's probabilities again; dS: dL/dscores. Stacked: the group's q, dO and
+    // dq rows packed [group * m, HD].
+    std::vector<float> Pr(static_cast<size_t>(heads * kRows * (P + T))), dS(Pr.size());
+    std::vector<float> l(heads * kRows), D(l.size());
+    std::vector<float> Qg(stacked ? heads * kRows * HD : 0), dOg(Qg.size()), dQg(Qg.size());
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < d.B; ++b) {
-      for (int64_t h = 0; h < d.NH; ++h) {
-        const int64_t g = h / group, bh = b * d.NH + h;
-        // Where this head's key/value (and prefix) gradients go, and their row strides.
-        float* dk_h = parts ? pdk + bh * T * HD : dk + b * T * d.kv_stride + g * HD;
-        float* dv_h = parts ? pdv + bh * T * HD : dv + b * T * d.kv_stride + g * HD;
-        const int64_t ldkv = parts ? HD : d.kv_stride;
-        float* dpk_h = !prefix_grads ? nullptr
-                       : parts       ? pdpk + bh * P * HD
-                                     : dprefix_k + b * P * KVC + g * HD;
-        float* dpv_h = !prefix_grads ? nullptr
-                       : parts       ? pdpv + bh * P * HD
-                                     : dprefix_v + b * P * KVC + g * HD;
-        const int64_t ldp = parts ? HD : KVC;
+      for (int64_t u = 0; u < d.NH / heads; ++u) {
+        const int64_t h0 = u * heads, g = h0 / group, bh0 = b * d.NH + h0;
+        StripGrads sg{};
+        if (parts) {
+          sg = {nullptr,
+                pdk + bh0 * T * HD,
+                pdv + bh0 * T * HD,
+                prefix_grads ? pdpk + bh0 * P * HD : nullptr,
+                prefix_grads ? pdpv + bh0 * P * HD : nullptr,
+                0,
+                HD,
+                HD};
+        } else {
+          sg = {nullptr,
+                dk + b * T * d.kv_stride + g * HD,
+                dv + b * T * d.kv_stride + g * HD,
+                prefix_grads ? dprefix_k + b * P * KVC + g * HD : nullptr,
+                prefix_grads ? dprefix_v + b * P * KVC + g * HD : nullptr,
+                0,
+                d.kv_stride,
+                KVC};
+        }
         for (int64_t j = 0; j < strips; ++j) {
           const int64_t t0 = j * kRows;
-          const Strip s = training_strip(d, q, k, v, b, h, t0);
-          const int64_t w = s.width(), m = s.m, n = s.n;
-          const float* l = lse + bh * T + t0;
-          const float* dO = dout + (b * T + t0) * C + h * HD;
-          const float* O = out + (b * T + t0) * C + h * HD;
-          scores(Pr.data(), s, scale);
-          for (int64_t i = 0; i < m; ++i) exp_row(Pr.data() + i * w, s, i, l[i]);
-          // dP = dO [PV; V]^T
-          if (P > 0) gemm(false, true, m, P, HD, 1.0f, dO, C, s.pv, s.ps, 0.0f, dS.data(), w);
-          gemm(false, true, m, n, HD, 1.0f, dO, C, s.v, s.kvs, 0.0f, dS.data() + P, w);
-          // Softmax backward: dS = P (dP - rowsum(dO o O)) / sqrt(HD); rowsum(dO o O) is
-          // sum_s P dP, the same quantity from the saved output.
-          for (int64_t i = 0; i < m; ++i) {
+          Strip s = training_strip(d, q, k, v, b, h0, t0);
+          const int64_t m = s.m, R = heads * m;
+          const float* dO = dout + (b * T + t0) * C + h0 * HD;  // row r: r % m, head r / m
+          const float* O = out + (b * T + t0) * C + h0 * HD;
+          for (int64_t r = 0; r < R; ++r) {
+            const int64_t at = (r % m) * C + (r / m) * HD;
+            l[r] = lse[(bh0 + r / m) * T + t0 + r % m];
             float dsum = 0.0f;
 #pragma omp simd reduction(+ : dsum)
-            for (int64_t c = 0; c < HD; ++c) dsum += dO[i * C + c] * O[i * C + c];
-            const float* p = Pr.data() + i * w;
-            float* ds = dS.data() + i * w;
-#pragma omp simd
-            for (int64_t c = 0; c < w; ++c) ds[c] = p[c] * (ds[c] - dsum) * scale;
+            for (int64_t c = 0; c < HD; ++c) dsum += dO[at + c] * O[at + c];
+            D[r] = dsum;
           }
-          // dV += P^T dO, dK += dS^T Q, dQ += dS [PK; K]; the prefix's rows alike.
-          float* dks = dk_h + s.k0 * ldkv;
-          float* dvs = dv_h + s.k0 * ldkv;
-          gemm(true, false, n, HD, m, 1.0f, Pr.data() + P, w, dO, C, 1.0f, dvs, ldkv);
-          gemm(true, false, n, HD, m, 1.0f, dS.data() + P, w, s.q, s.qs, 1.0f, dks, ldkv);
-          times_rows(dq + (b * T + t0) * d.q_stride + h * HD, d.q_stride, 1.0f, dS.data(), s, s.pk,
-                     s.k);
-          if (dpv_h) gemm(true, false, P, HD, m, 1.0f, Pr.data(), w, dO, C, 1.0f, dpv_h, ldp);
-          if (dpk_h) gemm(true, false, P, HD, m, 1.0f, dS.data(), w, s.q, s.qs, 1.0f, dpk_h, ldp);
+          float* dqs = dq + (b * T + t0) * d.q_stride + h0 * HD;
+          if (!stacked) {
+            sg.dq = dqs;
+            sg.ldq = d.q_stride;
+            backward_strip(s, dO, C, l.data(), D.data(), sg, Pr.data(), dS.data(), scale);
+            continue;
+          }
+          for (int64_t r = 0; r < R; ++r) {
+            std::copy_n(s.q + (r % m) * s.qs + (r / m) * HD, HD, Qg.data() + r * HD);
+            std::copy_n(dO + (r % m) * C + (r / m) * HD, HD, dOg.data() + r * HD);
+          }
+          std::fill(dQg.begin(), dQg.begin() + R * HD, 0.0f);
+          s.q = Qg.data();
+          s.qs = HD;
+          s.heads = heads;
+          sg.dq = dQg.data();
+          sg.ldq = HD;
+          backward_strip(s, dOg.data(), HD, l.data(), D.data(), sg, Pr.data(), dS.data(), scale);
+          for (int64_t r = 0; r < R; ++r) {
+            float* dqr = dqs + (r % m) * d.q_stride + (r / m) * HD;
+            const float* src = dQg.data() + r * HD;
+#pragma omp simd
+            for (int64_t c = 0; c < HD; ++c) dqr[c] += src[c];
+          }
         }
       }
     }
