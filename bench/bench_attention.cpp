@@ -6,10 +6,10 @@
 // FLOPs are the causal products' model FLOPs, per (batch row, head): forward Q K^T and P V,
 // 2 x 2 HD x T(T+1)/2; backward dV, dP, dQ and dK, twice the forward. The backward's
 // recompute of the scores is work the kernel chooses to do and is not counted. The ceiling
-// is sgemm on SmolLM2's MLP shape (1024 x 1536 x 576), as bench_step's, best of 20; the
-// kernel's times are the best of N runs after one warm-up alike (this machine is shared: a
-// median would compare a loaded kernel with an unloaded sgemm). One JSON line per T on
-// stdout, a readable line on stderr.
+// is sgemm on SmolLM2's MLP shape (1024 x 1536 x 576), as bench_step's, timed between the
+// kernel's runs: each figure is the best of N runs after one warm-up (this machine is shared;
+// interleaved bests compare like with like). One JSON line per T on stdout, a readable line
+// on stderr.
 // Threads: OMP_NUM_THREADS.
 #include <omp.h>
 
@@ -42,7 +42,7 @@ std::vector<float> noise(size_t n, uint32_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t B = 4, NH = 9, NKV = 3, HD = 64, reps = 10;
+  int64_t B = 4, NH = 9, NKV = 3, HD = 64, reps = 20;
   std::vector<int64_t> seqs;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -78,15 +78,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (seqs.empty()) seqs = {256, 1024};
-  const double sgemm = loom::bench::sgemm_gflops(1024, 1536, 576);
+  loom::bench::SgemmProbe probe(1024, 1536, 576);
   for (const int64_t T : seqs) {
     const int64_t N = B * T, QC = NH * HD, KVC = NKV * HD;
     const auto q = noise(N * QC, 1), k = noise(N * KVC, 2), v = noise(N * KVC, 3),
                dout = noise(N * QC, 4);
     std::vector<float> out(N * QC), lse(B * NH * T), dq(N * QC), dk(N * KVC), dv(N * KVC);
     const loom::kernels::AttnDims d{B, T, NH, NKV, HD, QC, KVC};
-    std::vector<double> fwd, bwd;
+    std::vector<double> fwd, bwd, gemm;
     for (int64_t r = 0; r <= reps; ++r) {
+      const double sg = probe.seconds();
       double t0 = now_s();
       loom::kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d);
       const double t1 = now_s();
@@ -94,13 +95,15 @@ int main(int argc, char** argv) {
                                         k.data(), v.data(), out.data(), lse.data(), d);
       const double t2 = now_s();
       if (r == 0) continue;  // warm-up
+      gemm.push_back(sg);
       fwd.push_back(t1 - t0);
       bwd.push_back(t2 - t1);
     }
     const double flops = 2.0 * 2.0 * HD * (T * (T + 1) / 2.0) * B * NH;
     const double f = *std::min_element(fwd.begin(), fwd.end()),
                  b = *std::min_element(bwd.begin(), bwd.end());
-    const double gf = flops / f / 1e9, gb = 2 * flops / b / 1e9;
+    const double gf = flops / f / 1e9, gb = 2 * flops / b / 1e9,
+                 sgemm = probe.gflops(*std::min_element(gemm.begin(), gemm.end()));
     nlohmann::json j{{"bench", "attention"},
                      {"B", B},
                      {"T", T},
