@@ -134,6 +134,18 @@ inline float softmax_row(float* row, const Strip& s, int64_t i) {
   return mx + std::log(sum);
 }
 
+// Row r of a strip's stacked rows (m rows per head) is token row r % m of head r / m: in a
+// token-major buffer (row stride ld, heads HD apart) it starts at this offset.
+inline int64_t stacked_at(int64_t r, int64_t m, int64_t ld, int64_t HD) {
+  return (r % m) * ld + (r / m) * HD;
+}
+
+// Packs `heads` heads' m token rows from src (row stride ld) into dst [heads * m, HD].
+void stack_heads(float* dst, const float* src, int64_t ld, int64_t m, int64_t heads, int64_t HD) {
+  for (int64_t r = 0; r < heads * m; ++r)
+    std::copy_n(src + stacked_at(r, m, ld, HD), HD, dst + r * HD);
+}
+
 // One strip's forward: out rows (stride ldo, stacked as the strip's) and, when lse is
 // non-null, their lse (head j's m values at lse + j * lse_head).
 void forward_strip(float* out, int64_t ldo, float* lse, int64_t lse_head, float* S, const Strip& s,
@@ -205,14 +217,13 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
             forward_strip(o, C, l, T, S.data(), s, scale);
             continue;
           }
-          for (int64_t r = 0; r < group * s.m; ++r)
-            std::copy_n(s.q + (r % s.m) * s.qs + (r / s.m) * HD, HD, Qg.data() + r * HD);
+          stack_heads(Qg.data(), s.q, s.qs, s.m, group, HD);
           s.q = Qg.data();
           s.qs = HD;
           s.heads = group;
           forward_strip(Og.data(), HD, l, T, S.data(), s, scale);
           for (int64_t r = 0; r < group * s.m; ++r)
-            std::copy_n(Og.data() + r * HD, HD, o + (r % s.m) * C + (r / s.m) * HD);
+            std::copy_n(Og.data() + r * HD, HD, o + stacked_at(r, s.m, C, HD));
         }
       }
     }
@@ -275,7 +286,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           const float* dO = dout + (b * T + t0) * C + h0 * HD;  // row r: r % m, head r / m
           const float* O = out + (b * T + t0) * C + h0 * HD;
           for (int64_t r = 0; r < R; ++r) {
-            const int64_t at = (r % m) * C + (r / m) * HD;
+            const int64_t at = stacked_at(r, m, C, HD);
             l[r] = lse[(bh0 + r / m) * T + t0 + r % m];
             float dsum = 0.0f;
 #pragma omp simd reduction(+ : dsum)
@@ -289,10 +300,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             backward_strip(s, dO, C, l.data(), D.data(), sg, Pr.data(), dS.data(), scale);
             continue;
           }
-          for (int64_t r = 0; r < R; ++r) {
-            std::copy_n(s.q + (r % m) * s.qs + (r / m) * HD, HD, Qg.data() + r * HD);
-            std::copy_n(dO + (r % m) * C + (r / m) * HD, HD, dOg.data() + r * HD);
-          }
+          stack_heads(Qg.data(), s.q, s.qs, m, heads, HD);
+          stack_heads(dOg.data(), dO, C, m, heads, HD);
           std::fill(dQg.begin(), dQg.begin() + R * HD, 0.0f);
           s.q = Qg.data();
           s.qs = HD;
@@ -301,7 +310,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           sg.ldq = HD;
           backward_strip(s, dOg.data(), HD, l.data(), D.data(), sg, Pr.data(), dS.data(), scale);
           for (int64_t r = 0; r < R; ++r) {
-            float* dqr = dqs + (r % m) * d.q_stride + (r / m) * HD;
+            float* dqr = dqs + stacked_at(r, m, d.q_stride, HD);
             const float* src = dQg.data() + r * HD;
 #pragma omp simd
             for (int64_t c = 0; c < HD; ++c) dqr[c] += src[c];
