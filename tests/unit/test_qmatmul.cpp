@@ -31,8 +31,9 @@ QuantMatrix quantize_q8_0(const Tensor& w) {
 }
 
 TEST(QMatmul, EqualsBlasOnTheDequantizedMatrix) {
-  // 300 rows: several tiles of the kernel's row blocking plus a ragged last tile.
-  const int64_t N = 7, C = 544, OC = 300;
+  // 300 rows of 4096: two tiles of the kernel's 2^20-float row blocking (256 rows, then a
+  // ragged 44).
+  const int64_t N = 7, C = 4096, OC = 300;
   Tensor w = Tensor::zeros({OC, C}), x = Tensor::zeros({N, C}), b = Tensor::zeros({OC});
   test::fill_normal(w, 1, 0.1f);
   test::fill_normal(x, 2);
