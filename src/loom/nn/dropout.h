@@ -18,10 +18,24 @@ struct DropoutContext {
   int64_t first_row = 0;  // global token row of the micro-batch's first token
 };
 
+// One module's mask at one micro-batch: row(n, v, width) applies it to row n of the
+// micro-batch (v: width values, columns [col0, col0 + width) of the full row), in place.
+class DropoutMask {
+ public:
+  DropoutMask(float p, const DropoutContext& ctx, uint64_t stream, int64_t col0 = 0);
+  void row(int64_t n, float* v, int64_t width) const;
+
+ private:
+  float keep_scale_;
+  uint32_t threshold_;  // dropped when the element's hash is below p * 2^32
+  uint64_t key_;
+  int64_t first_row_, col0_;
+};
+
 // v[rows, width] *= mask / (1 - p), in place. Forward applies it to a copy of the input;
 // backward applies the same call to the gradient. v may be columns [col0, col0 + width) of
 // wider rows, as a tensor-parallel shard of x is: elements are keyed by (row, col0 + i), so
-// the shard drops exactly the elements one process drops there.
+// the shard drops exactly the elements one process drops.
 void dropout_apply(float* v, int64_t rows, int64_t width, float p, const DropoutContext& ctx,
                    uint64_t stream, int64_t col0 = 0);
 

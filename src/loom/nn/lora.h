@@ -28,6 +28,7 @@
 
 #include <string>
 
+#include "loom/kernels/cpu/skinny.h"
 #include "loom/nn/dropout.h"
 #include "loom/nn/parameter.h"
 #include "loom/nn/tensor_parallel.h"
@@ -76,7 +77,8 @@ class LoRA {
   int64_t col0_ = 0;  // x's first column within the full x (the dropout's key)
   const DropoutContext* ctx_;
   uint64_t stream_;
-  const float* dropped_input() const;  // dropout(x_) in a shared workspace
+  // The dropout of the last forward as a row transform (empty when it applied none).
+  kernels::RowOp dropout_op() const;
 
   bool dropped_ = false;  // the last forward applied dropout
   Tensor x_, u_;
