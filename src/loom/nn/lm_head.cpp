@@ -66,15 +66,50 @@ double LMHead::backward(const Tensor& targets, float grad_scale, const Tensor& d
   LOOM_CHECK(h_.defined(), w_->name + ": backward called before forward");
   LOOM_CHECK(targets.numel() == N, "targets " + shape_str(targets.shape()) +
                                        " do not match the head's input " + shape_str(h_.shape()));
-  const int64_t rows = chunk_rows_ > 0 ? std::min(chunk_rows_, N) : N;
+  const int32_t* t = targets.i32();
   double loss_sum = 0.0;
-  for (int64_t r0 = 0; r0 < N; r0 += rows) {
-    const int64_t n = std::min(rows, N - r0);
-    float* x = logits_of(r0, n);
-    loss_sum += chunk_loss(x, targets.i32() + r0, n, &grad_scale, nullptr);
-    weight_backward(dh.f32() + r0 * C, x, h_.f32() + r0 * C, *w_, nullptr, n);
+  if (chunk_rows_ == 0) {
+    loss_sum = chunk_loss(logits_.f32(), t, N, &grad_scale, nullptr);
+    weight_backward(dh.f32(), logits_.f32(), h_.f32(), *w_, nullptr, N);
+  } else {
+    // A row whose target is ignored (a prompt token, padding) has dlogits 0: it adds nothing
+    // to dh (left 0) or dW, so only the target rows go through the head, gathered chunk by
+    // chunk into [rows, C]. In SFT that skips the prompt's share of the largest GEMMs.
+    std::vector<int64_t> keep;
+    for (int64_t i = 0; i < N; ++i)
+      if (t[i] != kernels::kIgnoreIndex) keep.push_back(i);
+    const int64_t K = static_cast<int64_t>(keep.size()), rows = std::min(chunk_rows_, N);
+    const bool gather = K < N;
+    std::vector<int32_t> tc(gather ? rows : 0);
+    if (gather) {
+      ensure(hg_, {rows, C});
+      ensure(dhg_, {rows, C});
+    }
+    for (int64_t k0 = 0; k0 < K; k0 += rows) {
+      const int64_t n = std::min(rows, K - k0);
+      const float* h = h_.f32() + k0 * C;
+      float* d = dh.f32() + k0 * C;
+      const int32_t* tt = t + k0;
+      if (gather) {
+        for (int64_t i = 0; i < n; ++i) {
+          std::copy_n(h_.f32() + keep[k0 + i] * C, C, hg_.f32() + i * C);
+          tc[i] = t[keep[k0 + i]];
+        }
+        std::fill_n(dhg_.f32(), n * C, 0.0f);
+        h = hg_.f32();
+        d = dhg_.f32();
+        tt = tc.data();
+      }
+      ensure(logits_, {rows, w_->shape[0]});
+      float* x = logits_.f32();
+      weight_forward(x, h, *w_, nullptr, n);
+      loss_sum += chunk_loss(x, tt, n, &grad_scale, nullptr);
+      weight_backward(d, x, h, *w_, nullptr, n);
+      for (int64_t i = 0; gather && i < n; ++i)
+        std::copy_n(dhg_.f32() + i * C, C, dh.f32() + keep[k0 + i] * C);
+    }
+    logits_ = hg_ = dhg_ = Tensor();
   }
-  if (chunk_rows_ > 0) logits_ = Tensor();
   if (!tp_.sequence_split()) copy_to_region_backward(tp_, dh);
   return loss_sum;
 }

@@ -9,8 +9,10 @@
 // Chunked (forward's chunk_rows > 0, what training uses): forward only saves h; backward
 // and loss_sums run the head over chunk_rows token rows at a time, each chunk's logits
 // becoming its dlogits in one [chunk_rows, Vl] buffer, so the [B T, Vl] logits are never
-// all live (for a 49k vocabulary and 1024 tokens, 200 MB against 50 MB at 256 rows). The
-// results equal the whole head's but for the order dW's sum is accumulated in.
+// all live (for a 49k vocabulary and 1024 tokens, 200 MB against 50 MB at 256 rows). Its
+// backward runs only the rows whose target is not ignored (their dlogits are 0: they add
+// nothing to dh or dW), gathered into chunks, so an SFT step skips the head on the prompt's
+// tokens. The results equal the whole head's but for the order dW's sum is accumulated in.
 // Under tensor parallelism the head is vocabulary-parallel (a column-parallel layer over
 // the vocabulary): W holds rows [v0, v0 + Vl) of the full table (its shard), the logits are
 // that slice, and the loss is Megatron's vocab-parallel cross-entropy (row max, target
@@ -52,6 +54,7 @@ class LMHead {
   int64_t V_, v0_;
   TensorParallel tp_;
   Tensor h_, logits_;
+  Tensor hg_, dhg_;  // chunked backward: the gathered target rows of h and their dh
   int64_t chunk_rows_ = 0;
 };
 
