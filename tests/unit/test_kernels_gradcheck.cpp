@@ -216,48 +216,67 @@ TEST(KernelGrad, AttentionPrefixPackedStrips) {
   check_attention_prefix(4, 2, 8, 3, 2, 150, pos.data());
 }
 
-// Forward against a double-precision reference (softmax over the P prefix keys and the causal
-// keys [t - pos[t], t]: the output and the log-sum-exp backward relies on), with the prefix
-// k/v interleaved in one buffer to exercise prefix_stride, GQA and packed rows.
-void check_attention_reference(int64_t B, int64_t T, int64_t P, const std::vector<int32_t>& pos) {
-  const int64_t NH = 4, NKV = 2, HD = 8, KVC = NKV * HD;
-  Tensor q = Tensor::zeros({B, T, NH * HD}), k = Tensor::zeros({B, T, KVC}),
-         v = Tensor::zeros({B, T, KVC}), prefix = Tensor::zeros({std::max<int64_t>(P, 1), 2 * KVC});
+// Forward and backward against a double-precision reference (softmax over the P prefix keys
+// and the causal keys [t - pos[t], t]: the output, the log-sum-exp backward relies on, and
+// dq, dk, dv and the prefix's gradients), with the prefix k/v interleaved in one buffer to
+// exercise prefix_stride, GQA and packed rows. T past 256 crosses the kernel's key blocks;
+// HD 8 is padded to its 16-wide tiles, 64 is not.
+void check_attention_reference(int64_t B, int64_t T, int64_t P, const std::vector<int32_t>& pos,
+                               int64_t HD = 8) {
+  const int64_t NH = 4, NKV = 2, KVC = NKV * HD, QC = NH * HD;
+  Tensor q = Tensor::zeros({B, T, QC}), k = Tensor::zeros({B, T, KVC}),
+         v = Tensor::zeros({B, T, KVC}), prefix = Tensor::zeros({std::max<int64_t>(P, 1), 2 * KVC}),
+         dout = Tensor::zeros({B, T, QC});
   test::fill_normal(q, 41);
   test::fill_normal(k, 42);
   test::fill_normal(v, 43);
   test::fill_normal(prefix, 44);
-  Tensor out = Tensor::zeros({B, T, NH * HD}), lse = Tensor::zeros({B, NH, T});
-  kernels::AttnDims d{B, T, NH, NKV, HD, NH * HD, KVC, pos.data()};
+  test::fill_normal(dout, 45);
+  Tensor out = Tensor::zeros({B, T, QC}), lse = Tensor::zeros({B, NH, T});
+  kernels::AttnDims d{B, T, NH, NKV, HD, QC, KVC, pos.data()};
   d.prefix_k = prefix.f32();
   d.prefix_v = prefix.f32() + KVC;
   d.P = P;
   d.prefix_stride = 2 * KVC;
   kernels::attention_forward(out.f32(), lse.f32(), q.f32(), k.f32(), v.f32(), d);
+  Tensor dq = Tensor::zeros(q.shape()), dk = Tensor::zeros(k.shape()),
+         dv = Tensor::zeros(v.shape()), dpk = Tensor::zeros({B, std::max<int64_t>(P, 1), KVC}),
+         dpv = Tensor::zeros(dpk.shape());
+  kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dout.f32(), q.f32(), k.f32(), v.f32(),
+                              out.f32(), lse.f32(), d, dpk.f32(), dpv.f32());
 
   const int64_t W = P + T;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(HD));
+  std::vector<double> rdq(q.numel()), rdk(k.numel()), rdv(v.numel()), rdpk(dpk.numel()),
+      rdpv(dpk.numel());
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < NH; ++h) {
       const int64_t g = h / (NH / NKV);
       for (int64_t t = 0; t < T; ++t) {
-        const float* qt = q.f32() + (b * T + t) * NH * HD + h * HD;
+        const float* qt = q.f32() + (b * T + t) * QC + h * HD;
+        const float* dot_ = dout.f32() + (b * T + t) * QC + h * HD;
         const int64_t s0 = t - pos[b * T + t];
-        // Scores: P prefix columns, then T key columns; masked columns stay -inf.
-        std::vector<double> sc(W, -INFINITY), val(W * HD, 0.0);
+        // Scores: P prefix columns, then T key columns; masked columns stay -inf. Each
+        // column's key/value rows and where their gradients go.
+        std::vector<double> sc(W, -INFINITY);
+        std::vector<const float*> kr(W, nullptr), vr(W, nullptr);
+        std::vector<double*> gk(W, nullptr), gv(W, nullptr);
         for (int64_t c = 0; c < W; ++c) {
-          const float *kr = nullptr, *vr = nullptr;
           if (c < P) {
-            kr = prefix.f32() + c * 2 * KVC + g * HD;
-            vr = kr + KVC;
+            kr[c] = prefix.f32() + c * 2 * KVC + g * HD;
+            vr[c] = kr[c] + KVC;
+            gk[c] = rdpk.data() + (b * P + c) * KVC + g * HD;
+            gv[c] = rdpv.data() + (b * P + c) * KVC + g * HD;
           } else if (c - P >= s0 && c - P <= t) {
-            kr = k.f32() + (b * T + c - P) * KVC + g * HD;
-            vr = v.f32() + (b * T + c - P) * KVC + g * HD;
+            kr[c] = k.f32() + (b * T + c - P) * KVC + g * HD;
+            vr[c] = v.f32() + (b * T + c - P) * KVC + g * HD;
+            gk[c] = rdk.data() + (b * T + c - P) * KVC + g * HD;
+            gv[c] = rdv.data() + (b * T + c - P) * KVC + g * HD;
           }
-          if (!kr) continue;
+          if (!kr[c]) continue;
           double dot = 0;
-          for (int64_t i = 0; i < HD; ++i) dot += static_cast<double>(qt[i]) * kr[i];
-          sc[c] = dot / std::sqrt(static_cast<double>(HD));
-          for (int64_t i = 0; i < HD; ++i) val[c * HD + i] = vr[i];
+          for (int64_t i = 0; i < HD; ++i) dot += static_cast<double>(qt[i]) * kr[c][i];
+          sc[c] = dot * scale;
         }
         const double mx = *std::max_element(sc.begin(), sc.end());
         double sum = 0;
@@ -266,12 +285,47 @@ void check_attention_reference(int64_t B, int64_t T, int64_t P, const std::vecto
             << "lse b" << b << " h" << h << " t" << t;
         for (int64_t i = 0; i < HD; ++i) {
           double o = 0;
-          for (int64_t c = 0; c < W; ++c) o += sc[c] / sum * val[c * HD + i];
-          EXPECT_NEAR(out.f32()[(b * T + t) * NH * HD + h * HD + i], o, 1e-5)
+          for (int64_t c = 0; c < W; ++c)
+            if (vr[c]) o += sc[c] / sum * vr[c][i];
+          EXPECT_NEAR(out.f32()[(b * T + t) * QC + h * HD + i], o, 1e-5)
               << "out b" << b << " h" << h << " t" << t << " i" << i;
+        }
+        // Backward: dp_c = dO . v_c, dS_c = p_c (dp_c - sum_c' p_c' dp_c') / sqrt(HD).
+        std::vector<double> p(W, 0.0), dp(W, 0.0);
+        double D = 0;
+        for (int64_t c = 0; c < W; ++c) {
+          if (!vr[c]) continue;
+          p[c] = sc[c] / sum;
+          for (int64_t i = 0; i < HD; ++i) dp[c] += static_cast<double>(dot_[i]) * vr[c][i];
+          D += p[c] * dp[c];
+        }
+        double* gq = rdq.data() + (b * T + t) * QC + h * HD;
+        for (int64_t c = 0; c < W; ++c) {
+          if (!vr[c]) continue;
+          const double ds = p[c] * (dp[c] - D) * scale;
+          for (int64_t i = 0; i < HD; ++i) {
+            gq[i] += ds * kr[c][i];
+            gk[c][i] += ds * qt[i];
+            gv[c][i] += p[c] * dot_[i];
+          }
         }
       }
     }
+  }
+  const std::pair<const char*, std::pair<const Tensor*, const std::vector<double>*>> grads[] = {
+      {"dq", {&dq, &rdq}},
+      {"dk", {&dk, &rdk}},
+      {"dv", {&dv, &rdv}},
+      {"dprefix_k", {&dpk, &rdpk}},
+      {"dprefix_v", {&dpv, &rdpv}}};
+  for (const auto& [name, pr] : grads) {
+    const auto& [ours, ref] = pr;
+    const int64_t n = P > 0 || std::string(name).find("prefix") == std::string::npos
+                          ? static_cast<int64_t>(ref->size())
+                          : 0;
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_NEAR(ours->f32()[i], (*ref)[i], 1e-4 * (1 + std::fabs((*ref)[i])))
+          << name << " element " << i << " (T " << T << ", P " << P << ", HD " << HD << ")";
   }
 }
 
@@ -283,6 +337,14 @@ TEST(KernelGrad, AttentionStripsMatchReference) {
   check_attention_reference(2, 150, 3, pos);
   check_attention_reference(2, 150, 0, pos);
   check_attention_reference(1, 200, 0, packed_positions({{200}}));
+}
+TEST(KernelGrad, AttentionKeyBlocksMatchReference) {
+  // Past 256 score columns (the key blocks), head_dim 64 (unpadded tiles) and 8 (padded);
+  // a sample that starts past the prefix in a later strip packs that strip's own keys.
+  const auto pos = packed_positions({{300}, {70, 200, 30}});
+  check_attention_reference(2, 300, 3, pos, 64);
+  check_attention_reference(2, 300, 0, pos, 8);
+  check_attention_reference(1, 300, 5, packed_positions({{300}}), 16);
 }
 
 // The backward's two ways of splitting GQA work: a task per (batch row, KV group) with the

@@ -1,21 +1,19 @@
 #include "loom/kernels/cpu/attention.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "loom/kernels/cpu/attention_tiles.h"
 #include "loom/kernels/cpu/vec_math.h"
 #include "loom/util/profile.h"
 
 namespace loom::kernels {
 
 namespace {
-// Query rows per strip: a multiple of the GEMM kernels' row blocking that keeps a strip's
-// scores [64, P + T] in L2 at T = 1024 (256 KiB) while the diagonal block's masked half
-// wastes little (1/5 of the score products at T = 256, 1/17 at T = 1024).
+// Query rows per strip (per head: GQA stacks a group's heads, 192 rows for SmolLM2).
 constexpr int64_t kRows = 64;
 
 // First key position token t of row b may attend to: its packed sample's start.
@@ -40,11 +38,11 @@ struct Strip {
 
 // The strip of training rows t0.. of head h in batch row b.
 Strip training_strip(const AttnDims& d, const float* q, const float* k, const float* v, int64_t b,
-                     int64_t h, int64_t t0) {
+                     int64_t h, int64_t t0, int64_t heads) {
   const int64_t g = h / (d.NH / d.NKV);
   Strip s{};
   s.m = std::min(kRows, d.T - t0);
-  s.heads = 1;
+  s.heads = heads;
   s.k0 = t0;
   for (int64_t i = 0; i < s.m; ++i) s.k0 = std::min(s.k0, first_key(d, b, t0 + i));
   s.n = t0 + s.m - s.k0;
@@ -67,33 +65,6 @@ Strip training_strip(const AttnDims& d, const float* q, const float* k, const fl
   return s;
 }
 
-// C[m, n] (row stride ldc) = alpha A B^T + beta C, or with A and/or B not transposed.
-// Single-threaded: it runs inside the kernels' own parallel loops (OpenBLAS's OpenMP build
-// does not fork again inside a parallel region).
-inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
-              k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-// S[rows, P + n] = [Q PK^T | Q K^T] / sqrt(HD)
-void scores(float* S, const Strip& s, float scale) {
-  const int64_t w = s.width(), r = s.rows();
-  if (s.P > 0) gemm(false, true, r, s.P, s.HD, scale, s.q, s.qs, s.pk, s.ps, 0.0f, S, w);
-  gemm(false, true, r, s.n, s.HD, scale, s.q, s.qs, s.k, s.kvs, 0.0f, S + s.P, w);
-}
-
-// out[rows, HD] (row stride ldo) = S [PV; V] (beta 0), or dq += dS [PK; K] (beta 1).
-void times_rows(float* out, int64_t ldo, float beta, const float* S, const Strip& s,
-                const float* prefix, const float* keys) {
-  const int64_t w = s.width(), r = s.rows();
-  if (s.P > 0) {
-    gemm(false, false, r, s.HD, s.P, 1.0f, S, w, prefix, s.ps, beta, out, ldo);
-    beta = 1.0f;
-  }
-  gemm(false, false, r, s.HD, s.n, 1.0f, S + s.P, w, keys, s.kvs, beta, out, ldo);
-}
-
 // x[c] = exp(x[c] - shift) for c < n; returns their sum. Out of line with plain pointers:
 // inlined into the strip loops GCC left it scalar (the clamps became branches).
 [[gnu::noinline]] float exp_sum(float* __restrict x, int64_t n, float shift) {
@@ -113,8 +84,7 @@ void times_rows(float* out, int64_t ldo, float beta, const float* S, const Strip
 }
 
 // Row i of the strip's scores: every prefix column and key columns [lo, hi] are visible;
-// the rest become 0. Visible x becomes exp(x - shift) (shift = the row's lse in backward:
-// the probabilities again). Returns the sum of the visible values.
+// the rest become 0. Visible x becomes exp(x - shift); returns their sum.
 inline float exp_row(float* row, const Strip& s, int64_t i, float shift) {
   float* a = row + s.P;
   const int64_t lo = s.lo[i], hi = s.hi[i];
@@ -124,71 +94,206 @@ inline float exp_row(float* row, const Strip& s, int64_t i, float shift) {
   return sum;
 }
 
-// Softmax of row i in place over its visible columns (one softmax spans prefix and keys);
-// returns the row's log-sum-exp.
-inline float softmax_row(float* row, const Strip& s, int64_t i) {
-  const float mx = max_of(row + s.P + s.lo[i], s.hi[i] - s.lo[i] + 1, max_of(row, s.P, -INFINITY));
-  const float sum = exp_row(row, s, i, mx), inv = 1.0f / sum;
-#pragma omp simd
-  for (int64_t c = 0; c < s.width(); ++c) row[c] *= inv;
-  return mx + std::log(sum);
-}
-
 // Row r of a strip's stacked rows (m rows per head) is token row r % m of head r / m: in a
 // token-major buffer (row stride ld, heads HD apart) it starts at this offset.
 inline int64_t stacked_at(int64_t r, int64_t m, int64_t ld, int64_t HD) {
   return (r % m) * ld + (r / m) * HD;
 }
 
-// Packs `heads` heads' m token rows from src (row stride ld) into dst [heads * m, HD].
-void stack_heads(float* dst, const float* src, int64_t ld, int64_t m, int64_t heads, int64_t HD) {
-  for (int64_t r = 0; r < heads * m; ++r)
-    std::copy_n(src + stacked_at(r, m, ld, HD), HD, dst + r * HD);
+inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+// Score columns per block (forward's P V, all of backward): P and dS [192, 256] (GQA's
+// three heads stacked) take 400 KiB, within a Zen 3 core's 512 KiB L2; whole rows at
+// T = 1024 (1.6 MB) did not fit.
+constexpr int64_t kKeyBlock = 256;
+// Row stride of the transposed keys [D, P + n] and of the scores [rows, P + n]: rounded up
+// to the tiles' 16 columns, plus 16 so that the rows a tile reads are not 1 or 4 KiB apart
+// (at a stride of 256 or 1024 floats they fall in a few L1 sets and evict each other).
+inline int64_t key_ld(int64_t w) { return round16(w) + 16; }
+
+// One thread's packed copies of a strip's operands (attention_tiles.h reads them as they
+// are): rows padded from HD to D = HD rounded up to 16 with zeros, the strip's rows stacked
+// (Qs, dOs: [rows, D]), its P + n key/value rows in the score columns' order (prefix, then
+// the window: Kp, Vp [w, D]) and transposed (KT, VT [D, key_ld(w)], the padding zero).
+struct Work {
+  int64_t D = 0;
+  std::vector<float> S, dS, Qs, dOs, Os, KT, VT, Kp, Vp, dKs, dVs;
+  std::vector<float> tKT, tVT, tKp, tVp;  // backward: a whole task's keys and values
+  std::vector<float> tdK, tdV;            // and their gradients, [P + T, D]
+  std::vector<int64_t> end;               // per row: the score columns it may see (prefix + to hi)
+  std::vector<int64_t> first;      // backward, per row: its first visible column (in the block)
+  std::vector<int64_t> block_end;  // end within a block of kKeyBlock columns
+  std::vector<float> inv;          // forward: 1 / each row's sum of exponentials
+};
+
+// This thread's Work, grown (never shrunk) to strips of `rows` rows and w score columns:
+// kept between calls, so a step's 60 attention calls do not map and fault in fresh pages
+// (1.3 MB a thread at T = 256) every time.
+Work& work(int64_t rows, int64_t w, int64_t HD, bool backward) {
+  static thread_local Work wk;
+  auto grow = [](auto& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  };
+  wk.D = round16(HD);
+  const int64_t D = wk.D, bw = std::min(w, kKeyBlock);
+  grow(wk.S, rows * key_ld(backward ? bw : w));
+  grow(wk.Qs, rows * D);
+  grow(wk.Os, rows * D);
+  grow(wk.KT, D * key_ld(w));
+  grow(wk.Vp, w * D);
+  grow(wk.end, rows);
+  grow(wk.block_end, rows);
+  grow(wk.inv, rows);
+  if (backward) {
+    grow(wk.dS, rows * key_ld(bw));
+    grow(wk.dOs, rows * D);
+    grow(wk.VT, D * key_ld(w));
+    grow(wk.Kp, w * D);
+    grow(wk.dKs, w * D);
+    grow(wk.dVs, w * D);
+    grow(wk.first, rows);
+    grow(wk.tKT, D * key_ld(w));
+    grow(wk.tVT, D * key_ld(w));
+    grow(wk.tKp, w * D);
+    grow(wk.tVp, w * D);
+    grow(wk.tdK, w * D);
+    grow(wk.tdV, w * D);
+    grow(wk.block_end, rows);
+  }
+  return wk;
 }
 
-// One strip's forward: out rows (stride ldo, stacked as the strip's) and, when lse is
-// non-null, their lse (head j's m values at lse + j * lse_head).
-void forward_strip(float* out, int64_t ldo, float* lse, int64_t lse_head, float* S, const Strip& s,
-                   float scale) {
-  scores(S, s, scale);
-  const int64_t w = s.width();
-  for (int64_t r = 0; r < s.rows(); ++r) {
-    const float l = softmax_row(S + r * w, s, r % s.m);
-    if (lse) lse[r / s.m * lse_head + r % s.m] = l;
+// dst[r, :D] = the strip's stacked row r of src (row stride ld), zero padded.
+void pack_rows(float* dst, int64_t D, const float* src, int64_t ld, int64_t m, int64_t heads,
+               int64_t HD) {
+  for (int64_t r = 0; r < heads * m; ++r) {
+    const float* x = src + stacked_at(r, m, ld, HD);
+    float* y = dst + r * D;
+    for (int64_t c = 0; c < HD; ++c) y[c] = x[c];
+    for (int64_t c = HD; c < D; ++c) y[c] = 0.0f;
   }
-  times_rows(out, ldo, 0.0f, S, s, s.pv, s.v);
 }
-// Where one backward strip's gradients go: dq rows (stacked as the strip's rows, row stride
-// ldq), the key/value rows from position k0 on (stride ldkv), the prefix's P rows (stride
-// ldp; null: no prefix gradients).
+
+// The strip's key (or value) rows in score-column order: the P prefix rows, then the
+// window's n rows; as rows dst[w, D] or, transposed, dstT[D, ldk].
+void pack_keys(float* dst, float* dstT, int64_t D, const Strip& s, const float* prefix,
+               const float* keys) {
+  const int64_t w = s.width(), ldk = key_ld(w);
+  auto row = [&](int64_t j) { return j < s.P ? prefix + j * s.ps : keys + (j - s.P) * s.kvs; };
+  if (dst)
+    for (int64_t j = 0; j < w; ++j) {
+      const float* src = row(j);
+      float* y = dst + j * D;
+      for (int64_t c = 0; c < s.HD; ++c) y[c] = src[c];
+      for (int64_t c = s.HD; c < D; ++c) y[c] = 0.0f;
+    }
+  if (!dstT) return;
+  // Column by column: contiguous writes, while the w source rows stay in L1.
+  for (int64_t c = 0; c < D; ++c) {
+    float* y = dstT + c * ldk;
+    if (c < s.HD)
+      for (int64_t j = 0; j < w; ++j) y[j] = row(j)[c];
+    else
+      std::fill(y, y + w, 0.0f);
+    std::fill(y + w, y + ldk, 0.0f);  // the padding columns: read by the tiles, so finite
+  }
+}
+
+// One strip's forward: its stacked rows of out (out: the strip's first row, row stride ldo)
+// and, when lse is non-null, their lse (head j's m values at lse + j * lse_head).
+// One strip's forward: its stacked rows of out (out: the strip's first row, row stride ldo)
+// and, when lse is non-null, their lse (head j's m values at lse + j * lse_head). KT [D, ldk]
+// and Vp [w, D]: its keys and values packed in score-column order (pack_keys).
+void forward_strip(float* out, int64_t ldo, float* lse, int64_t lse_head, const Strip& s,
+                   const float* KT, int64_t ldk, const float* Vp, Work& wk, float scale) {
+  const int64_t R = s.rows(), w = s.width(), D = wk.D, m = s.m;
+  pack_rows(wk.Qs.data(), D, s.q, s.qs, m, s.heads, s.HD);
+  for (int64_t r = 0; r < R; ++r) wk.end[r] = s.P + s.hi[r % m] + 1;
+  float* S = wk.S.data();
+  const int64_t ls = key_ld(w);  // S's row stride: off a power of two, as the keys'
+  tile_abt(S, ls, wk.Qs.data(), D, KT, ldk, R, w, D, wk.end.data(), {.alpha = scale});
+  for (int64_t r = 0; r < R; ++r) {
+    float* row = S + r * ls;
+    const int64_t i = r % m;
+    const float mx =
+        max_of(row + s.P + s.lo[i], s.hi[i] - s.lo[i] + 1, max_of(row, s.P, -INFINITY));
+    const float sum = exp_row(row, s, i, mx);
+    wk.inv[r] = 1.0f / sum;
+    if (lse) lse[r / m * lse_head + i] = mx + std::log(sum);
+  }
+  // out = softmax(S) [PV; V]: the unnormalised exponentials times V by blocks of columns,
+  // each row then scaled.
+  for (int64_t c0 = 0; c0 < w; c0 += kKeyBlock) {
+    const int64_t cw = std::min(kKeyBlock, w - c0);
+    int64_t* end = wk.block_end.data();
+    for (int64_t r = 0; r < R; ++r) end[r] = std::clamp<int64_t>(wk.end[r] - c0, 0, cw);
+    tile_ab(wk.Os.data(), D, S + c0, ls, Vp + c0 * D, D, R, D, end, c0 > 0);
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    float* o = out + stacked_at(r, m, ldo, s.HD);
+    const float* src = wk.Os.data() + r * D;
+    const float inv = wk.inv[r];
+#pragma omp simd
+    for (int64_t c = 0; c < s.HD; ++c) o[c] = src[c] * inv;
+  }
+}
+
+// A backward strip's keys and values in score-column order: rows Kp, Vp [w, D] and
+// transposed KT, VT [D, ldk].
+struct KeyPack {
+  const float *KT, *VT, *Kp, *Vp;
+  int64_t ldk;
+  float *dK, *dV;  // [w, D]: the strip's key/value gradients are added here, in that order
+};
+
+// Where a backward task's gradients are added: dq (set per strip to its first row, row
+// stride ldq, rows stacked as the strip's), the key/value rows from position 0 (stride
+// ldkv), the prefix's P rows (stride ldp; null: no prefix gradients).
 struct StripGrads {
   float *dq, *dk, *dv, *dpk, *dpv;
   int64_t ldq, ldkv, ldp;
 };
 
-// One strip's backward. dO: the strip's output gradient rows (stride ldo, stacked as its
-// rows); l, D: each row's lse and rowsum(dO o O). Pr, dS: [rows, P + n] buffers.
-void backward_strip(const Strip& s, const float* dO, int64_t ldo, const float* l, const float* D,
-                    const StripGrads& g, float* Pr, float* dS, float scale) {
-  const int64_t w = s.width(), R = s.rows(), n = s.n, P = s.P, HD = s.HD;
-  scores(Pr, s, scale);
-  for (int64_t r = 0; r < R; ++r) exp_row(Pr + r * w, s, r % s.m, l[r]);
-  // dP = dO [PV; V]^T
-  if (P > 0) gemm(false, true, R, P, HD, 1.0f, dO, ldo, s.pv, s.ps, 0.0f, dS, w);
-  gemm(false, true, R, n, HD, 1.0f, dO, ldo, s.v, s.kvs, 0.0f, dS + P, w);
-  // Softmax backward: dS = P (dP - D) / sqrt(HD), D = rowsum(dO o O) = sum_s P dP.
-  for (int64_t r = 0; r < R; ++r) {
-    const float* p = Pr + r * w;
-    float* ds = dS + r * w;
-#pragma omp simd
-    for (int64_t c = 0; c < w; ++c) ds[c] = p[c] * (ds[c] - D[r]) * scale;
+// One strip's backward. dO: the strip's output gradient (its first row, row stride ldo,
+// stacked as its rows); l, Dr: each row's lse and rowsum(dO o O).
+void backward_strip(const Strip& s, const float* dO, int64_t ldo, const float* l, const float* Dr,
+                    const StripGrads& g, const KeyPack& kp, Work& wk, float scale) {
+  const int64_t R = s.rows(), w = s.width(), D = wk.D, m = s.m, ldk = kp.ldk, P = s.P;
+  pack_rows(wk.Qs.data(), D, s.q, s.qs, m, s.heads, s.HD);
+  pack_rows(wk.dOs.data(), D, dO, ldo, m, s.heads, s.HD);
+  for (int64_t r = 0; r < R; ++r) wk.end[r] = P + s.hi[r % m] + 1;
+  float *Pr = wk.S.data(), *dS = wk.dS.data();
+  // Row i of a head's m rows sees window column j only if i >= j - (n - m).
+  const int64_t off = P + s.n - m;
+  // By blocks of kKeyBlock score columns (everything below is per column but dQ's sum), so
+  // that P and dS [rows, block] stay in L2 at any T.
+  for (int64_t c0 = 0; c0 < w; c0 += kKeyBlock) {
+    const int64_t cw = std::min(kKeyBlock, w - c0);
+    int64_t* end = wk.block_end.data();
+    for (int64_t r = 0; r < R; ++r) end[r] = std::clamp<int64_t>(wk.end[r] - c0, 0, cw);
+    for (int64_t r = 0; r < R; ++r) wk.first[r] = P + s.lo[r % m] - c0;
+    // The probabilities again, exp(scores - lse) (0 where a row may not see), then
+    // softmax's backward dS = P (dP - D) / sqrt(HD) from dP = dO [PV; V]^T, with
+    // D = rowsum(dO o O) = sum_s P dP; both stored by the tiles as they are computed.
+    const int64_t ls = key_ld(cw);  // P's and dS's row stride
+    tile_abt(Pr, ls, wk.Qs.data(), D, kp.KT + c0, ldk, R, cw, D, end,
+             {.kind = AbtStore::Exp,
+              .alpha = scale,
+              .shift = l,
+              .first = wk.first.data(),
+              .always = P - c0});
+    tile_abt(dS, ls, wk.dOs.data(), D, kp.VT + c0, ldk, R, cw, D, end,
+             {.kind = AbtStore::SoftmaxGrad, .alpha = scale, .P = Pr, .ldp = ls, .d = Dr});
+    // [dPV; dV] = P^T dO, [dPK; dK] = dS^T Q, dQ += dS [PK; K].
+    tile_atb(kp.dV + c0 * D, D, Pr, ls, wk.dOs.data(), D, cw, D, m, s.heads, off - c0, true);
+    tile_atb(kp.dK + c0 * D, D, dS, ls, wk.Qs.data(), D, cw, D, m, s.heads, off - c0, true);
+    tile_ab(wk.Os.data(), D, dS, ls, kp.Kp + c0 * D, D, R, D, end, c0 > 0);
   }
-  // dV += P^T dO, dK += dS^T Q, dQ += dS [PK; K]; the prefix's rows alike.
-  gemm(true, false, n, HD, R, 1.0f, Pr + P, w, dO, ldo, 1.0f, g.dv + s.k0 * g.ldkv, g.ldkv);
-  gemm(true, false, n, HD, R, 1.0f, dS + P, w, s.q, s.qs, 1.0f, g.dk + s.k0 * g.ldkv, g.ldkv);
-  times_rows(g.dq, g.ldq, 1.0f, dS, s, s.pk, s.k);
-  if (P > 0 && g.dpv) gemm(true, false, P, HD, R, 1.0f, Pr, w, dO, ldo, 1.0f, g.dpv, g.ldp);
-  if (P > 0 && g.dpk) gemm(true, false, P, HD, R, 1.0f, dS, w, s.q, s.qs, 1.0f, g.dpk, g.ldp);
+  for (int64_t r = 0; r < R; ++r) {
+    float* dq = g.dq + stacked_at(r, m, g.ldq, s.HD);
+    const float* src = wk.Os.data() + r * D;
+#pragma omp simd
+    for (int64_t c = 0; c < s.HD; ++c) dq[c] += src[c];
+  }
 }
 }  // namespace
 
@@ -201,29 +306,19 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 #pragma omp parallel
   {
     // Under GQA the heads of a group share their keys and values: their query rows are
-    // stacked (Qg [group * m, HD]) so each product runs once per group, group times taller.
-    std::vector<float> S(static_cast<size_t>(group * kRows * (d.P + T)));
-    std::vector<float> Qg(group > 1 ? group * kRows * HD : 0), Og(Qg.size());
+    // stacked ([group * m, D]) so each product runs once per group, group times taller.
+    Work& wk = work(group * kRows, d.P + T, HD, false);
     // Later strips see more keys: dynamic scheduling evens the threads out.
 #pragma omp for collapse(3) schedule(dynamic)
     for (int64_t b = 0; b < d.B; ++b) {
       for (int64_t g = 0; g < d.NKV; ++g) {
         for (int64_t j = 0; j < strips; ++j) {
           const int64_t t0 = j * kRows, h0 = g * group;
-          Strip s = training_strip(d, q, k, v, b, h0, t0);
-          float* o = out + (b * T + t0) * C + h0 * HD;
-          float* l = lse + (b * d.NH + h0) * T + t0;
-          if (group == 1) {
-            forward_strip(o, C, l, T, S.data(), s, scale);
-            continue;
-          }
-          stack_heads(Qg.data(), s.q, s.qs, s.m, group, HD);
-          s.q = Qg.data();
-          s.qs = HD;
-          s.heads = group;
-          forward_strip(Og.data(), HD, l, T, S.data(), s, scale);
-          for (int64_t r = 0; r < group * s.m; ++r)
-            std::copy_n(Og.data() + r * HD, HD, o + stacked_at(r, s.m, C, HD));
+          const Strip s = training_strip(d, q, k, v, b, h0, t0, group);
+          pack_keys(nullptr, wk.KT.data(), wk.D, s, s.pk, s.k);
+          pack_keys(wk.Vp.data(), nullptr, wk.D, s, s.pv, s.v);
+          forward_strip(out + (b * T + t0) * C + h0 * HD, C, lse + (b * d.NH + h0) * T + t0, T, s,
+                        wk.KT.data(), key_ld(s.width()), wk.Vp.data(), wk, scale);
         }
       }
     }
@@ -250,11 +345,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const int64_t heads = stacked ? group : 1;  // heads per task
 #pragma omp parallel
   {
-    // Pr: the strip's probabilities again; dS: dL/dscores. Stacked: the group's q, dO and
-    // dq rows packed [group * m, HD].
-    std::vector<float> Pr(static_cast<size_t>(heads * kRows * (P + T))), dS(Pr.size());
-    std::vector<float> l(heads * kRows), D(l.size());
-    std::vector<float> Qg(stacked ? heads * kRows * HD : 0), dOg(Qg.size()), dQg(Qg.size());
+    Work& wk = work(heads * kRows, P + T, HD, true);
+    std::vector<float> l(heads * kRows), D(l.size());  // each row's lse and rowsum(dO o O)
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < d.B; ++b) {
       for (int64_t u = 0; u < d.NH / heads; ++u) {
@@ -266,7 +358,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                 pdv + bh0 * T * HD,
                 prefix_grads ? pdpk + bh0 * P * HD : nullptr,
                 prefix_grads ? pdpv + bh0 * P * HD : nullptr,
-                0,
+                d.q_stride,
                 HD,
                 HD};
         } else {
@@ -275,13 +367,44 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                 dv + b * T * d.kv_stride + g * HD,
                 prefix_grads ? dprefix_k + b * P * KVC + g * HD : nullptr,
                 prefix_grads ? dprefix_v + b * P * KVC + g * HD : nullptr,
-                0,
+                d.q_stride,
                 d.kv_stride,
                 KVC};
         }
+        bool task_packed = false;
+        const int64_t Dw = wk.D, W = P + T;
+        std::fill_n(wk.tdK.data(), W * Dw, 0.0f);
+        std::fill_n(wk.tdV.data(), W * Dw, 0.0f);
         for (int64_t j = 0; j < strips; ++j) {
           const int64_t t0 = j * kRows;
-          Strip s = training_strip(d, q, k, v, b, h0, t0);
+          const Strip s = training_strip(d, q, k, v, b, h0, t0, heads);
+          // A strip's window is a run of the task's keys (prefix, then all T) unless a
+          // packed sample starts it past a prefix: those rows are packed once per task.
+          KeyPack kp;
+          const bool run = P == 0 || s.k0 == 0;
+          if (run) {
+            if (!task_packed) {
+              Strip all = s;
+              all.k0 = 0;
+              all.n = T;
+              all.k = k + b * T * d.kv_stride + g * HD;
+              all.v = v + b * T * d.kv_stride + g * HD;
+              pack_keys(wk.tKp.data(), wk.tKT.data(), Dw, all, all.pk, all.k);
+              pack_keys(wk.tVp.data(), wk.tVT.data(), Dw, all, all.pv, all.v);
+              task_packed = true;
+            }
+            const int64_t o = P == 0 ? s.k0 : 0;  // the window's first packed row
+            kp = {wk.tKT.data() + o,      wk.tVT.data() + o, wk.tKp.data() + o * Dw,
+                  wk.tVp.data() + o * Dw, key_ld(W),         wk.tdK.data() + o * Dw,
+                  wk.tdV.data() + o * Dw};
+          } else {
+            pack_keys(wk.Kp.data(), wk.KT.data(), Dw, s, s.pk, s.k);
+            pack_keys(wk.Vp.data(), wk.VT.data(), Dw, s, s.pv, s.v);
+            std::fill_n(wk.dKs.data(), s.width() * Dw, 0.0f);
+            std::fill_n(wk.dVs.data(), s.width() * Dw, 0.0f);
+            kp = {wk.KT.data(),      wk.VT.data(),  wk.Kp.data(), wk.Vp.data(),
+                  key_ld(s.width()), wk.dKs.data(), wk.dVs.data()};
+          }
           const int64_t m = s.m, R = heads * m;
           const float* dO = dout + (b * T + t0) * C + h0 * HD;  // row r: r % m, head r / m
           const float* O = out + (b * T + t0) * C + h0 * HD;
@@ -293,27 +416,33 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             for (int64_t c = 0; c < HD; ++c) dsum += dO[at + c] * O[at + c];
             D[r] = dsum;
           }
-          float* dqs = dq + (b * T + t0) * d.q_stride + h0 * HD;
-          if (!stacked) {
-            sg.dq = dqs;
-            sg.ldq = d.q_stride;
-            backward_strip(s, dO, C, l.data(), D.data(), sg, Pr.data(), dS.data(), scale);
-            continue;
+          sg.dq = dq + (b * T + t0) * d.q_stride + h0 * HD;
+          backward_strip(s, dO, C, l.data(), D.data(), sg, kp, wk, scale);
+          if (!run)  // the strip's own rows: prefix, then the window from k0
+            for (int64_t r = 0; r < s.width(); ++r) {
+              const int64_t at = (r < P ? r : P + s.k0 + r - P) * Dw;
+              for (int64_t c = 0; c < Dw; ++c) {
+                wk.tdK[at + c] += wk.dKs[r * Dw + c];
+                wk.tdV[at + c] += wk.dVs[r * Dw + c];
+              }
+            }
+        }
+        // The task's key/value gradients, added once: prefix rows, then the T keys.
+        for (int64_t r = 0; r < W; ++r) {
+          float *dkr, *dvr;
+          if (r < P) {
+            if (!sg.dpk) continue;
+            dkr = sg.dpk + r * sg.ldp;
+            dvr = sg.dpv + r * sg.ldp;
+          } else {
+            dkr = sg.dk + (r - P) * sg.ldkv;
+            dvr = sg.dv + (r - P) * sg.ldkv;
           }
-          stack_heads(Qg.data(), s.q, s.qs, m, heads, HD);
-          stack_heads(dOg.data(), dO, C, m, heads, HD);
-          std::fill(dQg.begin(), dQg.begin() + R * HD, 0.0f);
-          s.q = Qg.data();
-          s.qs = HD;
-          s.heads = heads;
-          sg.dq = dQg.data();
-          sg.ldq = HD;
-          backward_strip(s, dOg.data(), HD, l.data(), D.data(), sg, Pr.data(), dS.data(), scale);
-          for (int64_t r = 0; r < R; ++r) {
-            float* dqr = dqs + stacked_at(r, m, d.q_stride, HD);
-            const float* src = dQg.data() + r * HD;
+          const float *a = wk.tdK.data() + r * Dw, *c = wk.tdV.data() + r * Dw;
 #pragma omp simd
-            for (int64_t c = 0; c < HD; ++c) dqr[c] += src[c];
+          for (int64_t i = 0; i < HD; ++i) {
+            dkr[i] += a[i];
+            dvr[i] += c[i];
           }
         }
       }
@@ -360,27 +489,31 @@ void attention_forward_cached(float* out, const float* q, const float* kc, const
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
 #pragma omp parallel
   {
-    std::vector<float> S(static_cast<size_t>(kRows * (past + n)));
+    Work& wk = work(group * kRows, past + n, HD, false);
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t j = 0; j < strips; ++j) {
-      for (int64_t h = 0; h < NH; ++h) {
-        // Queries i0.. sit at positions past + i0.. and see cache rows [0, past + i].
-        const int64_t i0 = j * kRows, g = h / group;
+      for (int64_t g = 0; g < NKV; ++g) {
+        // Queries i0.. sit at positions past + i0.. and see cache rows [0, past + i]; the
+        // group's heads stacked, as in training.
+        const int64_t i0 = j * kRows, h0 = g * group;
         Strip s{};
         s.m = std::min(kRows, n - i0);
-        s.heads = 1;
+        s.heads = group;
         s.n = past + i0 + s.m;
         for (int64_t i = 0; i < s.m; ++i) {
           s.lo[i] = 0;
           s.hi[i] = past + i0 + i;
         }
-        s.q = q + i0 * q_stride + h * HD;
+        s.q = q + i0 * q_stride + h0 * HD;
         s.k = kc + g * HD;
         s.v = vc + g * HD;
         s.qs = q_stride;
         s.kvs = kv_stride;
         s.HD = HD;
-        forward_strip(out + i0 * C + h * HD, C, nullptr, 0, S.data(), s, scale);
+        pack_keys(nullptr, wk.KT.data(), wk.D, s, s.pk, s.k);
+        pack_keys(wk.Vp.data(), nullptr, wk.D, s, s.pv, s.v);
+        forward_strip(out + i0 * C + h0 * HD, C, nullptr, 0, s, wk.KT.data(), key_ld(s.width()),
+                      wk.Vp.data(), wk, scale);
       }
     }
   }

@@ -5,9 +5,11 @@
 //   out[B*T, NH*HD] (contiguous), lse[B, NH, T]: log sum_s exp(score of key s) of each query
 //   row (scores already scaled by 1/sqrt(HD)), all a backward needs besides q, k, v, out.
 // The [T, T] probabilities are never stored (FlashAttention's recompute, Dao 2022): work
-// runs in strips of up to 64 query rows against all the keys they may see, as GEMMs (scores
-// = Q K^T, out = P V; backward dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q), with the
-// softmax of a strip done exactly on its [rows, keys] block in a per-thread buffer.
+// runs in strips of up to 64 query rows against all the keys they may see, as register-
+// tiled products on packed copies (scores = Q K^T, out = P V; backward dV = P^T dO,
+// dP = dO V^T, dQ = dS K, dK = dS^T Q: kernels/cpu/attention_tiles.h), with the softmax of
+// a strip done exactly on its [rows, keys] block in a per-thread buffer; the tiles stop at
+// the last key their rows may see, and backward rebuilds P and dS as the tiles are stored.
 // Packed sequences: with pos (position ids [B*T], restarting at 0 where a packed sample
 // starts) token t attends only to s in [t - pos[t], t], i.e. within its own sample; with
 // pos == nullptr the whole row is one sequence.

@@ -3,22 +3,15 @@
 #include <algorithm>
 #include <vector>
 
+#include "loom/kernels/cpu/vec_math.h"
 #include "loom/util/profile.h"
 
 namespace loom::kernels {
 
 namespace {
-// Eight floats (GCC's vector extension: one AVX register, two SSE ones). The rank is taken
-// eight at a time, J <= 8 accumulators in registers.
-typedef float v8f __attribute__((vector_size(32)));
+// The rank is taken eight at a time, J <= 8 accumulators (v8f) in registers.
 constexpr int64_t kLanes = 8;
 
-inline v8f load8(const float* p) {
-  v8f v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store8(float* p, v8f v) { __builtin_memcpy(p, &v, sizeof v); }
 inline float hsum(v8f v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }

@@ -33,4 +33,14 @@ inline float vexp(float x) {
 
 inline float vtanh(float x) { return 1.0f - 2.0f / (vexp(2.0f * x) + 1.0f); }
 
+// Eight floats (GCC's vector extension: one AVX register, two SSE ones), for the kernels
+// that keep their accumulators in registers (skinny.cpp, attention_tiles.cpp).
+typedef float v8f __attribute__((vector_size(32)));
+inline v8f load8(const float* p) {
+  v8f v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store8(float* p, v8f v) { __builtin_memcpy(p, &v, sizeof v); }
+
 }  // namespace loom::kernels
