@@ -118,13 +118,42 @@ void LoRA::backward(const Tensor& dy, const Tensor& dx) {
     for (int64_t o = 0; o < out_; ++o)
       for (int64_t j = 0; j < r; ++j) g[o * r + j] += dbt[j * out_ + o];
   }
-  // dA[r, in] += du^T xd, with the whole du.
+  // dx[N, in] += dropout'(du @ A) and dA[r, in] += du^T xd, with the whole du. Under dropout
+  // each row's mask is hashed once (as multipliers, 0 or 1/(1-p)) for both: it scales the
+  // row of du A as that is added to dx and writes the row of xd = dropout(x) that dA reads
+  // from a workspace the LoRA layers of the thread share.
+  const float* xd = x_.f32();
+  if (dropped_) {
+    float* w = workspace(N * in_);
+    const DropoutMask mask(spec_.dropout, *ctx_, stream_, col0_);
+    const float* x = x_.f32();
+    const int64_t in = in_;
+    auto drop = [&mask, w, x, in](int64_t n, float* v) {
+      static thread_local std::vector<float> mult;
+      mult.assign(static_cast<size_t>(in), 1.0f);
+      mask.row(n, mult.data(), in);
+      const float *m = mult.data(), *xr = x + n * in;
+      float* wr = w + n * in;
+      for (int64_t c = 0; c < in; ++c) wr[c] = xr[c] * m[c];
+      if (v)
+        for (int64_t c = 0; c < in; ++c) v[c] *= m[c];
+    };
+    if (dx.defined()) {
+      kernels::skinny_nn_add(dx.f32(), du.f32(), a_->value.f32(), N, in_, r, 1.0f, drop);
+    } else if (a_->trainable) {
+#pragma omp parallel for schedule(static)
+      for (int64_t n = 0; n < N; ++n) drop(n, nullptr);
+    }
+    xd = w;
+  } else if (dx.defined()) {
+    kernels::skinny_nn_add(dx.f32(), du.f32(), a_->value.f32(), N, in_, r, 1.0f);
+  }
   if (a_->trainable) {
     Tensor du_sum = du;
     if (split_dim_ == 0) {
       // Column split: A is replicated and needs the sum of the ranks' parts of du. B_r u is
       // a column-parallel layer over the replicated u, so this is f's backward at u: one
-      // all-reduce of du [N, r] (a copy; dx below takes this rank's part), rather than of
+      // all-reduce of du [N, r] (a copy; dx above took this rank's part), rather than of
       // this backward's dA [r, in] (never of A's accumulated gradient, which holds earlier
       // micro-batches too). N r floats are fewer than r in whenever a micro-batch has fewer
       // tokens than the layer has inputs, no [r, in] scratch is needed, and every rank then
@@ -134,18 +163,8 @@ void LoRA::backward(const Tensor& dy, const Tensor& dx) {
       du_sum.copy_from(du);
       copy_to_region_backward(tp_, du_sum);
     }
-    const float* xd = x_.f32();
-    if (dropped_) {
-      float* w = workspace(N * in_);
-      std::memcpy(w, x_.f32(), N * in_ * sizeof(float));
-      dropout_apply(w, N, in_, spec_.dropout, *ctx_, stream_, col0_);
-      xd = w;
-    }
     kernels::skinny_tn_add(a_->grad.f32(), du_sum.f32(), xd, N, in_, r, 1.0f);
   }
-  // dx[N, in] += dropout'(du @ A): the mask applied to each row of the product as it is added.
-  if (dx.defined())
-    kernels::skinny_nn_add(dx.f32(), du.f32(), a_->value.f32(), N, in_, r, 1.0f, dropout_op());
 }
 
 void LoRA::merge_into(float* W) const {
