@@ -284,8 +284,8 @@ void backward_strip(const Strip& s, const float* dO, int64_t ldo, const float* l
     tile_abt(dS, ls, wk.dOs.data(), D, kp.VT + c0, ldk, R, cw, D, end,
              {.kind = AbtStore::SoftmaxGrad, .alpha = scale, .P = Pr, .ldp = ls, .d = Dr});
     // [dPV; dV] = P^T dO, [dPK; dK] = dS^T Q, dQ += dS [PK; K].
-    tile_atb(kp.dV + c0 * D, D, Pr, ls, wk.dOs.data(), D, cw, D, m, s.heads, off - c0, true);
-    tile_atb(kp.dK + c0 * D, D, dS, ls, wk.Qs.data(), D, cw, D, m, s.heads, off - c0, true);
+    tile_atb(kp.dV + c0 * D, D, Pr, ls, wk.dOs.data(), D, cw, D, m, s.heads, off - c0);
+    tile_atb(kp.dK + c0 * D, D, dS, ls, wk.Qs.data(), D, cw, D, m, s.heads, off - c0);
     tile_ab(wk.Os.data(), D, dS, ls, kp.Kp + c0 * D, D, R, D, end, c0 > 0);
   }
   for (int64_t r = 0; r < R; ++r) {

@@ -45,7 +45,18 @@ int64_t tile_end(const int64_t* end, int64_t i0) {
 }
 
 // The three register tiles below keep R x 2 v8f accumulators (R <= 6: 12 of the 16 AVX
-// registers), started at zero.
+// registers), started at zero; C is read, where they accumulate, only in the store
+// (loading it into the accumulators first made GCC keep them on the stack).
+
+// C[R, 16] (= | +=) the accumulators.
+template <int R>
+inline void store_tile(float* C, int64_t ldc, const v8f* lo, const v8f* hi, bool accumulate) {
+  for (int i = 0; i < R; ++i) {
+    float* c = C + i * ldc;
+    store8(c, accumulate ? lo[i] + load8(c) : lo[i]);
+    store8(c + 8, accumulate ? hi[i] + load8(c + 8) : hi[i]);
+  }
+}
 
 // Row i's 16 (or `cols`) products x of a tile, stored into c as `st` says (columns j0..).
 template <AbtStore::Kind K>
@@ -117,8 +128,9 @@ void abt(float* C, int64_t ldc, const float* A, int64_t lda, const float* BT, in
 // C[R, 16] (= | +=) At[:cnt, R]^T B[:cnt, 16]: At is the row tile of A packed column by column,
 // so the loop walks two pointers (with A's R rows read in place GCC ran out of registers
 // for their offsets and kept B's pointer in memory: a store-to-load chain per iteration).
-template <int R, bool Acc>
-void ab_tile(float* C, int64_t ldc, const float* At, const float* B, int64_t ldb, int64_t cnt) {
+template <int R>
+void ab_tile(float* C, int64_t ldc, const float* At, const float* B, int64_t ldb, int64_t cnt,
+             bool accumulate) {
   v8f lo[R] = {}, hi[R] = {};
   for (int64_t j = 0; j < cnt; ++j, At += R, B += ldb) {
     const v8f b0 = load8(B), b1 = load8(B + 8);
@@ -127,21 +139,11 @@ void ab_tile(float* C, int64_t ldc, const float* At, const float* B, int64_t ldb
       hi[i] += At[i] * b1;
     }
   }
-  // C is added only here: loading it into the accumulators first made GCC keep them on
-  // the stack.
-  for (int i = 0; i < R; ++i) {
-    float* c = C + i * ldc;
-    if constexpr (Acc) {
-      lo[i] += load8(c);
-      hi[i] += load8(c + 8);
-    }
-    store8(c, lo[i]);
-    store8(c + 8, hi[i]);
-  }
+  store_tile<R>(C, ldc, lo, hi, accumulate);
 }
 
-// C[R, 16] (= | +=) A[rows, R]^T B[rows, 16], rows [s m + first, s m + m) of each segment s.
-template <int R, bool Acc>
+// C[R, 16] += A[rows, R]^T B[rows, 16], rows [s m + first, s m + m) of each segment s.
+template <int R>
 void atb_tile(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb,
               int64_t m, int64_t segs, int64_t first) {
   v8f lo[R] = {}, hi[R] = {};
@@ -156,15 +158,7 @@ void atb_tile(float* C, int64_t ldc, const float* A, int64_t lda, const float* B
       }
     }
   }
-  for (int j = 0; j < R; ++j) {
-    float* c = C + j * ldc;
-    if constexpr (Acc) {
-      lo[j] += load8(c);
-      hi[j] += load8(c + 8);
-    }
-    store8(c, lo[j]);
-    store8(c + 8, hi[j]);
-  }
+  store_tile<R>(C, ldc, lo, hi, true);
 }
 }  // namespace
 
@@ -182,9 +176,9 @@ void tile_abt(float* C, int64_t ldc, const float* A, int64_t lda, const float* B
 
 void tile_ab(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb,
              int64_t m, int64_t D, const int64_t* end, bool accumulate) {
-  // A's row tiles packed column by column (tile i0 at at + i0 * cnt, cnt = its columns),
-  // then B's [cnt, 16] column panels outside, each staying in L1 while the packed rows
-  // stream past it.
+  // A's row tiles packed column by column, one after another (a tile of R rows and e
+  // columns takes R e floats), then B's [cnt, 16] column panels outside, each staying in L1
+  // while the packed rows stream past it.
   static thread_local std::vector<float> at;
   int64_t total = 0;
   by_tiles(m, [&]<int R>(int64_t i0) { total += R * tile_end<R>(end, i0); });
@@ -201,25 +195,19 @@ void tile_ab(float* C, int64_t ldc, const float* A, int64_t lda, const float* B,
     at0 = 0;
     by_tiles(m, [&]<int R>(int64_t i0) {
       const int64_t e = tile_end<R>(end, i0);
-      if (accumulate)
-        ab_tile<R, true>(C + i0 * ldc + c0, ldc, at.data() + at0, B + c0, ldb, e);
-      else
-        ab_tile<R, false>(C + i0 * ldc + c0, ldc, at.data() + at0, B + c0, ldb, e);
+      ab_tile<R>(C + i0 * ldc + c0, ldc, at.data() + at0, B + c0, ldb, e, accumulate);
       at0 += R * e;
     });
   }
 }
 
 void tile_atb(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb,
-              int64_t n, int64_t D, int64_t m, int64_t segs, int64_t off, bool accumulate) {
+              int64_t n, int64_t D, int64_t m, int64_t segs, int64_t off) {
   // B's [rows, 16] column panels outside (in L1 while A's columns stream past).
   for (int64_t c0 = 0; c0 < D; c0 += kNR)
     by_tiles(n, [&]<int R>(int64_t j0) {
       const int64_t first = std::clamp<int64_t>(j0 - off, 0, m);
-      if (accumulate)
-        atb_tile<R, true>(C + j0 * ldc + c0, ldc, A + j0, lda, B + c0, ldb, m, segs, first);
-      else
-        atb_tile<R, false>(C + j0 * ldc + c0, ldc, A + j0, lda, B + c0, ldb, m, segs, first);
+      atb_tile<R>(C + j0 * ldc + c0, ldc, A + j0, lda, B + c0, ldb, m, segs, first);
     });
 }
 

@@ -11,7 +11,7 @@
 //             the padding readable); columns in between are stored too, as store gives them.
 //   tile_ab : C[i, :D] (= | +=) sum_{j < end[i]} A[i, j] B[j, :D]; A's columns from end[i]
 //             to its tile's end must be 0
-//   tile_atb: C[j, :D] (= | +=) sum_i A[i, j] B[i, :D], i over `segs` segments of m rows; in each,
+//   tile_atb: C[j, :D] += sum_i A[i, j] B[i, :D], i over `segs` segments of m rows; in each,
 //             row i may see column j only if i >= j - off (causal), so earlier rows are skipped
 // Every element is summed in a fixed order.
 #pragma once
@@ -43,6 +43,6 @@ void tile_abt(float* C, int64_t ldc, const float* A, int64_t lda, const float* B
 void tile_ab(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb,
              int64_t m, int64_t D, const int64_t* end, bool accumulate);
 void tile_atb(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb,
-              int64_t n, int64_t D, int64_t m, int64_t segs, int64_t off, bool accumulate);
+              int64_t n, int64_t D, int64_t m, int64_t segs, int64_t off);
 
 }  // namespace loom::kernels
