@@ -12,6 +12,7 @@
 
 #include <cstring>
 #include <limits>
+#include <map>
 
 #include "common/equivalence.h"
 
@@ -76,6 +77,62 @@ TEST(MixedPrecisionDist, Bf16EveryZeroStageEqualsOneProcess) {
     nlohmann::json js = j;
     js["zero_optimization"] = {{"stage", stage}, {"reduce_bucket_size", 5000}};
     expect_close(ref, train_on(js, *g_world, 20), "bf16 gpt2 stage " + std::to_string(stage));
+  }
+}
+
+// ZeRO 1-2 in the paper's layout: no whole fp32 copy of a trained matrix on any rank, only
+// its 16-bit working weight, which after every step equals the fp32 master (all-gathered
+// for the check) rounded to bf16, bit for bit; norms and biases equal it exactly.
+TEST(MixedPrecisionDist, Bf16ZeroOneAndTwoHoldMatricesInSixteenBitsOnly) {
+  for (int stage : {1, 2}) {
+    nlohmann::json j = with_precision(base_config("gpt2"), "bf16");
+    j["zero_optimization"] = {{"stage", stage}};
+    train::TrainConfig cfg = train::parse_config(j, "test", g_world->size());
+    dist::ProcessMesh mesh(*g_world, 1, 1);
+    train::Trainer t(cfg, nullptr, &mesh);
+    for (int s = 0; s < 3; ++s) t.step();
+    int64_t matrices = 0;
+    for (const auto& p : t.model().params().all()) {
+      if (!p->trainable || !p->half) continue;
+      ++matrices;
+      EXPECT_FALSE(p->value.defined()) << p->name << " stage " << stage;
+      EXPECT_TRUE(p->half->gathered && p->half->data.defined()) << p->name;
+    }
+    EXPECT_GT(matrices, 0);
+    // What each rank holds, copied before the root's gather points f32 values in.
+    std::map<std::string, std::vector<uint16_t>> half;
+    std::map<std::string, std::vector<float>> f32;
+    for (const auto& p : t.model().params().all()) {
+      if (!p->trainable) continue;
+      if (p->half) {
+        const auto* h = static_cast<const uint16_t*>(p->half->data.raw());
+        half[p->name].assign(h, h + p->half->data.numel());
+      } else {
+        f32[p->name].assign(p->value.f32(), p->value.f32() + p->value.numel());
+      }
+    }
+    t.engine().gather_all(0);
+    if (g_world->rank() == 0) {
+      for (const auto& p : t.model().params().all()) {
+        if (!p->trainable) continue;
+        const float* master = p->value.f32();
+        if (p->half) {
+          int64_t differ = 0;
+          for (int64_t i = 0; i < p->value.numel(); ++i)
+            differ += kernels::to_bf16(master[i]) != half[p->name][i];
+          EXPECT_EQ(differ, 0) << p->name << " stage " << stage;
+        } else {
+          EXPECT_EQ(std::memcmp(f32[p->name].data(), master, f32[p->name].size() * 4), 0)
+              << p->name << " stage " << stage;
+        }
+      }
+    }
+    t.engine().release_all();
+    // The rank's model state: 2 bytes a trained element held whole, 12 of its shard.
+    const parallel::ZeroMemory& m = t.engine().memory();
+    const int64_t n = t.model().params().trainable_numel();
+    EXPECT_EQ(m.params, 2 * n);
+    EXPECT_EQ(m.optimizer, 12 * t.engine().partition().shard_len);
   }
 }
 

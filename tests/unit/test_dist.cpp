@@ -42,6 +42,7 @@ class NullComm final : public Communicator {
   Request do_iall_reduce_sum(float*, int64_t) override { return {}; }
   Request do_ireduce_scatter_sum(const float*, float*, int64_t) override { return {}; }
   Request do_iall_gather(const float*, float*, int64_t) override { return {}; }
+  Request do_iall_gather(const uint16_t*, uint16_t*, int64_t) override { return {}; }
   Request do_isend(const float*, int64_t, int, int) override { return {}; }
   Request do_irecv(float*, int64_t, int, int) override { return {}; }
 };
@@ -125,7 +126,10 @@ TEST(DistCommStats, RingVolumesForAnyWorldSize) {
       EXPECT_EQ(bytes([&] { c.reduce_scatter_sum(nullptr, nullptr, n); }), ring);
       EXPECT_EQ(bytes([&] { c.ireduce_scatter_sum(nullptr, nullptr, n); }), ring);
       EXPECT_EQ(bytes([&] { c.all_gather(nullptr, nullptr, n); }), ring);
-      EXPECT_EQ(bytes([&] { c.iall_gather(nullptr, nullptr, n); }), ring);
+      const float* none = nullptr;
+      EXPECT_EQ(bytes([&] { c.iall_gather(none, nullptr, n); }), ring);
+      const uint16_t* none16 = nullptr;  // 16-bit payloads count 2 bytes an element
+      EXPECT_EQ(bytes([&] { c.iall_gather(none16, nullptr, n); }), (N - 1) * 2 * n);
       EXPECT_EQ(bytes([&] { c.broadcast(nullptr, n, 0); }), (N - 1) * n / N);
       EXPECT_EQ(bytes([&] { c.all_reduce_sum(static_cast<double*>(nullptr), n); }),
                 2 * (N - 1) * 8 * n / N);

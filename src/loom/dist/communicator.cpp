@@ -87,8 +87,8 @@ int64_t Communicator::all_reduce_bytes(int64_t payload_bytes) const {
   return 2 * (size_ - 1) * payload_bytes / size_;
 }
 
-int64_t Communicator::ring_bytes(int64_t n_per_rank) const {
-  return (size_ - 1) * n_per_rank * static_cast<int64_t>(sizeof(float));
+int64_t Communicator::ring_bytes(int64_t n_per_rank, int64_t elem) const {
+  return (size_ - 1) * n_per_rank * elem;
 }
 
 void Communicator::all_reduce_sum(float* buf, int64_t n) {
@@ -204,6 +204,15 @@ Request Communicator::iall_gather(const float* send, float* recv, int64_t n_per_
   return named(std::move(req), "iall_gather", bytes);
 }
 
+Request Communicator::iall_gather(const uint16_t* send, uint16_t* recv, int64_t n_per_rank) {
+  check_count(n_per_rank, "iall_gather");
+  const int64_t bytes = size_ * n_per_rank * 2;
+  trace::Span span(trace::Kind::Comm, "iall_gather", bytes);
+  Request req = do_iall_gather(send, recv, n_per_rank);
+  count(ring_bytes(n_per_rank, 2));
+  return named(std::move(req), "iall_gather", bytes);
+}
+
 // ---- LocalComm ----
 
 std::unique_ptr<Communicator> LocalComm::split(int color, int) const {
@@ -246,6 +255,11 @@ Request LocalComm::do_ireduce_scatter_sum(const float* send, float* recv, int64_
 
 Request LocalComm::do_iall_gather(const float* send, float* recv, int64_t n_per_rank) {
   do_all_gather(send, recv, n_per_rank);
+  return {};
+}
+
+Request LocalComm::do_iall_gather(const uint16_t* send, uint16_t* recv, int64_t n_per_rank) {
+  if (send != recv) std::copy_n(send, n_per_rank, recv);
   return {};
 }
 
@@ -419,7 +433,8 @@ void MpiComm::do_reduce_scatter_sum(const float* send, float* recv, int64_t n_pe
 }
 
 // MPI forbids aliased buffers; the in-place gather is spelled MPI_IN_PLACE.
-static const void* gather_source(const float* send, float* recv, int64_t n_per_rank, int rank) {
+template <typename T>
+static const void* gather_source(const T* send, T* recv, int64_t n_per_rank, int rank) {
   return send == recv + rank * n_per_rank ? MPI_IN_PLACE : send;
 }
 
@@ -479,13 +494,24 @@ Request MpiComm::do_ireduce_scatter_sum(const float* send, float* recv, int64_t 
   return pending(req, "ireduce_scatter_sum");
 }
 
-Request MpiComm::do_iall_gather(const float* send, float* recv, int64_t n_per_rank) {
-  int n = to_int_per_rank(n_per_rank, size(), "iall_gather");
+// MPI_Iallgather of either element type.
+static Request start_all_gather(const void* send, void* recv, int n, MPI_Datatype type,
+                                MPI_Comm comm) {
   MPI_Request req;
-  check_mpi(MPI_Iallgather(gather_source(send, recv, n_per_rank, rank()), n, MPI_FLOAT, recv, n,
-                           MPI_FLOAT, handle_->comm, &req),
-            "iall_gather");
+  check_mpi(MPI_Iallgather(send, n, type, recv, n, type, comm, &req), "iall_gather");
   return pending(req, "iall_gather");
+}
+
+Request MpiComm::do_iall_gather(const float* send, float* recv, int64_t n_per_rank) {
+  return start_all_gather(gather_source(send, recv, n_per_rank, rank()), recv,
+                          to_int_per_rank(n_per_rank, size(), "iall_gather"), MPI_FLOAT,
+                          handle_->comm);
+}
+
+Request MpiComm::do_iall_gather(const uint16_t* send, uint16_t* recv, int64_t n_per_rank) {
+  return start_all_gather(gather_source(send, recv, n_per_rank, rank()), recv,
+                          to_int_per_rank(n_per_rank, size(), "iall_gather"), MPI_UINT16_T,
+                          handle_->comm);
 }
 
 Request MpiComm::do_isend(const float* buf, int64_t n, int dest, int tag) {

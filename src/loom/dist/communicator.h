@@ -23,10 +23,11 @@ namespace loom::dist {
 // algorithmic volume of each call, the quantity the ZeRO paper counts, not the bytes MPI
 // actually puts on the wire (which depend on its algorithm choice and are not measured).
 // With N ranks: all_reduce of n values of s bytes 2(N-1)/N * s*n; reduce_scatter and
-// all_gather with n_per_rank floats (N-1) * 4*n_per_rank; broadcast of b bytes (N-1)/N * b;
-// send of n floats 4n; barrier and recv 0 (fractions rounded down). N = 1 sends nothing.
-// A call counts once it completed (a non-blocking one once it started); one that threw does
-// not. Each communicator counts its own calls: the engine sums over its groups.
+// all_gather of n_per_rank elements of s bytes (N-1) * s*n_per_rank; broadcast of b bytes
+// (N-1)/N * b; send of n floats 4n; barrier and recv 0 (fractions rounded down). N = 1
+// sends nothing. A call counts once it completed (a non-blocking one once it started); one
+// that threw does not. Each communicator counts its own calls: the engine sums over its
+// groups.
 struct CommStats {
   int64_t bytes_sent = 0;
   int64_t collectives = 0;  // calls of every kind (send/recv and barrier included)
@@ -100,6 +101,9 @@ class Communicator {
   Request iall_reduce_sum(float* buf, int64_t n);
   Request ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank);
   Request iall_gather(const float* send, float* recv, int64_t n_per_rank);
+  // The same gather of 16-bit values (bf16 or fp16 bits, moved unchanged): mixed
+  // precision's working weights.
+  Request iall_gather(const uint16_t* send, uint16_t* recv, int64_t n_per_rank);
   // Non-blocking point-to-point (MPI_Isend / MPI_Irecv), for pipeline stages: the buffer
   // must stay untouched until the Request completes; irecv's wait() throws when the message
   // that arrived is not exactly n floats.
@@ -136,6 +140,7 @@ class Communicator {
   virtual Request do_iall_reduce_sum(float* buf, int64_t n) = 0;
   virtual Request do_ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) = 0;
   virtual Request do_iall_gather(const float* send, float* recv, int64_t n_per_rank) = 0;
+  virtual Request do_iall_gather(const uint16_t* send, uint16_t* recv, int64_t n_per_rank) = 0;
   virtual Request do_isend(const float* buf, int64_t n, int dest, int tag) = 0;
   virtual Request do_irecv(float* buf, int64_t n, int src, int tag) = 0;
 
@@ -147,7 +152,8 @@ class Communicator {
   // Names a non-blocking call's Request for the trace of its wait.
   static Request named(Request req, const char* op, int64_t bytes, int peer = -1);
   int64_t all_reduce_bytes(int64_t payload_bytes) const;
-  int64_t ring_bytes(int64_t n_per_rank) const;  // reduce_scatter / all_gather
+  // reduce_scatter / all_gather of n_per_rank elements of `elem` bytes
+  int64_t ring_bytes(int64_t n_per_rank, int64_t elem = sizeof(float)) const;
 
   int rank_;
   int size_;
@@ -174,6 +180,7 @@ class LocalComm final : public Communicator {
   Request do_iall_reduce_sum(float* buf, int64_t n) override;
   Request do_ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) override;
   Request do_iall_gather(const float* send, float* recv, int64_t n_per_rank) override;
+  Request do_iall_gather(const uint16_t* send, uint16_t* recv, int64_t n_per_rank) override;
   Request do_isend(const float* buf, int64_t n, int dest, int tag) override;
   Request do_irecv(float* buf, int64_t n, int src, int tag) override;
 };
@@ -206,6 +213,7 @@ class MpiComm final : public Communicator {
   Request do_iall_reduce_sum(float* buf, int64_t n) override;
   Request do_ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) override;
   Request do_iall_gather(const float* send, float* recv, int64_t n_per_rank) override;
+  Request do_iall_gather(const uint16_t* send, uint16_t* recv, int64_t n_per_rank) override;
   Request do_isend(const float* buf, int64_t n, int dest, int tag) override;
   Request do_irecv(float* buf, int64_t n, int src, int tag) override;
 

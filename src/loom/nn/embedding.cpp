@@ -47,7 +47,7 @@ void VocabParallelEmbedding::forward(const int32_t* ids, int64_t N, const Tensor
   if (split) ensure(full_, {N, C_});
   // A frozen table kept in ggml blocks (QLoRA base) holds this rank's rows in blocks too.
   const QuantMatrix* q = w_->quantized() ? w_->quant.get() : nullptr;
-  const bool half = w_->held_in_half();
+  const bool half = w_->half != nullptr;  // mixed precision: the 16-bit rows (weight_ops.h)
   const float* table = q || half ? nullptr : w_->value.f32();
   float* o = split ? full_.f32() : out.f32();
 #pragma omp parallel for schedule(static)

@@ -53,6 +53,9 @@ struct HalfCopy {
   Tensor data;  // p.shape, BF16 or F16; undefined until first use
   bool stale = true;
   bool only = false;  // the weight itself (frozen, its f32 value dropped): never stale
+  // Written by the ZeRO engine (stages 1-2: a trained weight whose fp32 master is sharded,
+  // gathered in 16 bits after every step): never converted from an f32 value here.
+  bool gathered = false;
 };
 
 struct Parameter {

@@ -20,11 +20,13 @@ Tensor half_tensor(const Parameter& p, kernels::Half f) {
 // release dropped it).
 const uint16_t* half_weight(const Parameter& w) {
   HalfCopy& h = *w.half;
+  LOOM_CHECK(!h.gathered || h.data.defined(),
+             "internal: " + w.name + "'s gathered 16-bit weight is not in place");
   if (!h.data.defined()) {
     h.data = half_tensor(w, h.format);
     h.stale = true;
   }
-  if (h.stale && !h.only) {
+  if (h.stale && !h.only && !h.gathered) {
     kernels::to_half(h.format, w.value.f32(), static_cast<uint16_t*>(h.data.raw()), h.data.numel());
     h.stale = false;
   }
@@ -46,18 +48,14 @@ void half_row(const Parameter& w, int64_t r, float* out) {
   kernels::from_half(w.half->format, half_weight(w) + r * C, out, C);
 }
 
-namespace {
-// A base model's matrix: its products and lookups go through this file (a PEFT method's
-// own parameters are read by its module directly, and stay fp32).
-bool is_matrix(const Parameter& p) {
+bool takes_half(const Parameter& p) {
   return p.shape.size() == 2 && !p.quantized() && !p.adapter &&
          (p.kind == ParamKind::Weight || p.kind == ParamKind::Embedding);
 }
-}  // namespace
 
 void use_half_weights(ParamStore& ps, kernels::Half format) {
   for (const auto& p : ps.all())
-    if (is_matrix(*p) && !p->half)
+    if (takes_half(*p) && !p->half)
       p->half = std::make_shared<HalfCopy>(
           HalfCopy{format, p->value.defined() ? half_tensor(*p, format) : Tensor(), true, false});
 }
@@ -66,7 +64,7 @@ void hold_frozen_in_half(ParamStore& ps, kernels::Half format,
                          const std::function<int(const Parameter&)>& group) {
   bool any = false;
   for (const auto& p : ps.all()) {
-    if (p->trainable || !is_matrix(*p) || p->held_in_half()) continue;
+    if (p->trainable || !takes_half(*p) || p->held_in_half()) continue;
     p->half = std::make_shared<HalfCopy>(HalfCopy{format, half_tensor(*p, format), true, false});
     half_weight(*p);  // converted from the f32 value while it exists
     p->half->only = true;
@@ -113,7 +111,7 @@ void weight_backward(float* dx, const float* dy, const float* x, Parameter& w, P
 
 void weight_rows(float* out, const int32_t* ids, int64_t N, const Parameter& w, bool accumulate) {
   if (w.quantized()) return kernels::qembedding_forward(out, ids, N, *w.quant, accumulate);
-  if (w.held_in_half()) {
+  if (w.half) {
     const int64_t rows = w.shape[0], C = w.shape[1];
     for (int64_t n = 0; n < N; ++n)
       LOOM_CHECK(ids[n] >= 0 && ids[n] < rows,

@@ -7,7 +7,9 @@
 //   weight_forward : y[N, out] = x[N, in] @ W^T (+ b)
 //   weight_backward: dx[N, in] += dy @ W (dx may be null); dW += dy^T x and db += sum_n dy
 //                    when those parameters are trainable
-//   weight_rows    : out[n] (=|+=) W[ids[n]]  (embedding lookup: fp32 rows, as autocast)
+//   weight_rows    : out[n] (=|+=) W[ids[n]]  (embedding lookup; under mixed precision the
+//                    16-bit rows widened, as DeepSpeed's bf16 embedding, so the lookup reads
+//                    the same values whether the fp32 master is whole or sharded)
 #pragma once
 
 #include <functional>
@@ -21,6 +23,9 @@ void weight_backward(float* dx, const float* dy, const float* x, Parameter& w, P
                      int64_t N);
 void weight_rows(float* out, const int32_t* ids, int64_t N, const Parameter& w, bool accumulate);
 
+// A base model's matrix (2-D weight or embedding, not quantized, not a PEFT method's own
+// parameter): what gets a 16-bit copy under mixed precision.
+bool takes_half(const Parameter& p);
 // Mixed precision: gives every f32 matrix (2-D weight or embedding of the base model, not
 // quantized) of ps a 16-bit copy in `format`, allocated now where the value is held (model
 // state, as loom plan counts it; a ZeRO-3 unit's with its gather), and marks the copies of

@@ -49,10 +49,14 @@ ZeroMemory ZeroPartition::memory(int stage, int64_t frozen_bytes, const StateByt
                 top3 = padded[0] + padded[1] + padded[2];
   const int64_t f = b.comm;  // the buffers hold what is communicated
   ZeroMemory m;
-  m.params =
-      frozen_bytes + b.param * (stage >= 3 ? shard_len : total) + (stage >= 3 ? 0 : b.half * total);
+  // Mixed precision at stages 1-2 (StateBytes::loom_mixed): the weights held whole in their
+  // 16 bits alone, the fp32 master sharded beside the moments.
+  const bool working = b.half > 0 && (stage == 1 || stage == 2);
+  m.params = frozen_bytes + (working ? b.half * total
+                                     : b.param * (stage >= 3 ? shard_len : total) +
+                                           (stage >= 3 ? 0 : b.half * total));
   m.grads = b.grad * (stage >= 2 ? shard_len : total);
-  m.optimizer = b.optimizer * (stage >= 1 ? shard_len : total);
+  m.optimizer = (b.optimizer + (working ? b.param : 0)) * (stage >= 1 ? shard_len : total);
   // Buffers the engine allocates around the collectives (at most): stage 1 receives the
   // reduce-scattered shard and stages every padded unit (the last backward starts each unit's
   // reduce-scatter as soon as it is complete, and nothing bounds how many are in flight; a
@@ -82,6 +86,15 @@ struct ZeroEngine::Unit {
   Tensor value;                                     // stage 3: gathered parameters, padded
   dist::Request gather;                             // stage 3: a prefetch in flight into `value`
   int refs = 0;                                     // stage 3: acquire() minus release()
+  // Working weights at stages 1-2 under mixed precision: the 16-bit image of the padded
+  // unit (the matrices' `half` data are views into it) and the f32 values of the unit's
+  // other parameters (`small`: norms, biases, adapters) back to back.
+  Tensor half, small;
+  struct Run {
+    int64_t at, n, small_at;  // a small parameter: its place in the unit and in `small`
+  };
+  std::vector<Run> small_runs;
+  int64_t small_max = 0;  // the most small elements any rank's piece holds
 };
 
 // A reduction in flight: which units, and the buffers it reads from and writes to.
@@ -167,16 +180,52 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
     }
     shard_grads_ = Tensor::zeros({part_.shard_len});
   }
-  if (cfg_.stage >= 3) {
+  master_sharded_ = cfg_.stage >= 3 || (cfg_.stage >= 1 && cfg_.half);
+  working_ = master_sharded_ && cfg_.stage <= 2;
+  if (master_sharded_) {
     // The master copy of this rank's pieces; the store drops its trainable values.
     shard_values_ = Tensor::zeros({part_.shard_len});
     for (const OwnedRun& r : owned_)
       std::memcpy(shard_values_.f32() + r.state_offset, r.param->value.f32() + r.begin,
                   (r.end - r.begin) * sizeof(float));
-    ps.drop_trainable_values();
   }
+  if (working_) {
+    // The first working weights, from the whole values while they exist (what
+    // sync_working() gathers after every step, without the communication).
+    for (size_t i = 0; i < units_.size(); ++i) {
+      Unit& u = units_[i];
+      int64_t small = 0;
+      for (nn::Parameter* p : u.params) {
+        const int64_t at = static_cast<int64_t>(p->grad_offset) - u.start, n = p->value.numel();
+        if (nn::takes_half(*p)) {
+          if (!u.half.defined())
+            u.half = Tensor::zeros({part_.piece[i] * part_.world},
+                                   *cfg_.half == kernels::Half::bf16 ? DType::BF16 : DType::F16);
+          kernels::to_half(*cfg_.half, p->value.f32(), static_cast<uint16_t*>(u.half.raw()) + at,
+                           n);
+        } else {
+          u.small_runs.push_back({at, n, small});
+          small += n;
+        }
+      }
+      u.small = Tensor::zeros({small});
+      for (const Unit::Run& r : u.small_runs)
+        std::memcpy(u.small.f32() + r.small_at, ps.flat_values().f32() + u.start + r.at,
+                    r.n * sizeof(float));
+      for (int rank = 0; rank < part_.world; ++rank) {
+        const int64_t lo = rank * part_.piece[i], hi = std::min(u.len, lo + part_.piece[i]);
+        int64_t k = 0;
+        for (const Unit::Run& r : u.small_runs)
+          k += std::max<int64_t>(0, std::min(hi, r.at + r.n) - std::max(lo, r.at));
+        u.small_max = std::max(u.small_max, k);
+      }
+    }
+  }
+  if (master_sharded_) ps.drop_trainable_values();
   if (cfg_.stage >= 2) ps.drop_grads();
   if (cfg_.half) nn::use_half_weights(ps, *cfg_.half);
+  if (working_)
+    for (Unit& u : units_) point_working(u);
   mem_ =
       part_.memory(cfg_.stage, frozen_bytes, cfg_.half ? StateBytes::loom_mixed() : StateBytes{});
   model_.set_unit_hooks(this);
@@ -219,8 +268,31 @@ void ZeroEngine::point(Unit& u, Tensor nn::Parameter::*field, const Tensor& buf)
   for (const auto& copy : u.copies) set(copy);
 }
 
+void ZeroEngine::point_working(Unit& u) {
+  auto set = [&](const std::vector<nn::Parameter*>& params) {
+    size_t k = 0;  // the next small run
+    int64_t at = 0;
+    for (nn::Parameter* p : params) {
+      const int64_t n = shape_numel(p->shape);
+      if (k < u.small_runs.size() && u.small_runs[k].at == at) {
+        const int64_t s = u.small_runs[k++].small_at;
+        p->value = u.small.slice0(s, s + n).reshape(p->shape);
+      } else {
+        p->value = Tensor();
+        nn::HalfCopy& h = *p->half;  // shared by the contexts' copies
+        h.data = u.half.slice0(at, at + n).reshape(p->shape);
+        h.gathered = true;
+        h.stale = false;
+      }
+      at += n;
+    }
+  };
+  set(u.params);
+  for (const auto& copy : u.copies) set(copy);
+}
+
 float* ZeroEngine::owned_value(const OwnedRun& r) {
-  if (cfg_.stage >= 3) return shard_values_.f32() + r.state_offset;
+  if (master_sharded_) return shard_values_.f32() + r.state_offset;
   return r.param->value.f32() + r.begin;
 }
 
@@ -326,7 +398,10 @@ void ZeroEngine::optimizer_step(float lr, float clip_coef) {
     segments_.push_back({owned_value(r), shard_grads_.f32() + r.state_offset, r.state_offset,
                          r.end - r.begin, opt_->config().decays(r.param->kind)});
   opt_->step(segments_, lr, clip_coef);
-  if (cfg_.stage <= 2) sync_params();
+  if (working_)
+    sync_working();
+  else if (cfg_.stage <= 2)
+    sync_params();
   mark_updated();
 }
 
@@ -348,6 +423,54 @@ void ZeroEngine::sync_params() {
       std::memcpy(staged.f32() + lo, values + units_[u].start + lo, (hi - lo) * sizeof(float));
     comm_.all_gather(staged.f32() + lo, staged.f32(), c);
     std::memcpy(values + units_[u].start, staged.f32(), L * sizeof(float));
+  }
+}
+
+void ZeroEngine::sync_working() {
+  prof::ScopedPhase ph(prof::Phase::Comm);
+  // Every unit's two gathers in flight at once; each rank's piece [lo, hi) of a unit holds
+  // up to small_max small elements, sent packed (padded to small_max).
+  std::vector<dist::Request> reqs;
+  std::vector<Tensor> packed(units_.size());
+  auto for_runs = [&](size_t i, int rank, auto&& fn) {  // fn(unit_at, small_at, n, k)
+    const Unit& u = units_[i];
+    const int64_t lo = rank * part_.piece[i], hi = std::min(u.len, lo + part_.piece[i]);
+    int64_t k = 0;
+    for (const Unit::Run& r : u.small_runs) {
+      const int64_t a = std::max(lo, r.at), b = std::min(hi, r.at + r.n);
+      if (a >= b) continue;
+      fn(a, r.small_at + (a - r.at), b - a, k);
+      k += b - a;
+    }
+  };
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = units_[i];
+    if (u.len == 0) continue;
+    const int64_t c = part_.piece[i], lo = part_.piece_begin(i), hi = part_.piece_end(i);
+    const float* master = shard_values_.f32() + part_.shard_offset[i];
+    if (u.half.defined()) {
+      uint16_t* mine = static_cast<uint16_t*>(u.half.raw()) + lo;
+      if (hi > lo) kernels::to_half(*cfg_.half, master, mine, hi - lo);
+      reqs.push_back(comm_.iall_gather(mine, static_cast<uint16_t*>(u.half.raw()), c));
+    }
+    if (u.small_max > 0) {
+      packed[i] = Tensor::zeros({u.small_max * part_.world});
+      float* mine = packed[i].f32() + part_.rank * u.small_max;
+      for_runs(i, part_.rank, [&](int64_t at, int64_t, int64_t n, int64_t k) {
+        std::memcpy(mine + k, master + (at - lo), n * sizeof(float));
+      });
+      reqs.push_back(comm_.iall_gather(mine, packed[i].f32(), u.small_max));
+    }
+  }
+  for (dist::Request& r : reqs) r.wait();
+  for (size_t i = 0; i < units_.size(); ++i) {
+    if (!packed[i].defined()) continue;
+    for (int rank = 0; rank < part_.world; ++rank) {
+      const float* from = packed[i].f32() + rank * units_[i].small_max;
+      for_runs(i, rank, [&](int64_t, int64_t small_at, int64_t n, int64_t k) {
+        std::memcpy(units_[i].small.f32() + small_at, from + k, n * sizeof(float));
+      });
+    }
   }
 }
 
@@ -478,6 +601,21 @@ void ZeroEngine::release(int unit) {
 }
 
 void ZeroEngine::gather_all(int root) {
+  if (working_) {
+    // The fp32 values from the master shards, each unit's f32 values pointed at them on
+    // the root until release_all().
+    for (size_t i = 0; i < units_.size(); ++i) {
+      Unit& u = units_[i];
+      if (u.len == 0) continue;
+      start_gather(static_cast<int>(i));
+      u.gather.wait();
+      if (comm_.rank() == root)
+        point(u, &nn::Parameter::value, u.value);
+      else
+        u.value = Tensor();
+    }
+    return;
+  }
   if (cfg_.stage < 3) return;
   // Same acquire order on every rank, so the gathers (and their prefetches) pair up.
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -487,6 +625,13 @@ void ZeroEngine::gather_all(int root) {
 }
 
 void ZeroEngine::release_all() {
+  if (working_) {
+    for (Unit& u : units_) {
+      u.value = Tensor();
+      point_working(u);
+    }
+    return;
+  }
   if (cfg_.stage < 3) return;
   for (size_t u = 0; u < units_.size(); ++u)
     if (units_[u].refs > 0) release(static_cast<int>(u));  // held on the root only

@@ -34,9 +34,9 @@ namespace loom::parallel {
 struct ZeroConfig {
   int stage = 0;
   int64_t reduce_bucket_size = 500'000'000;  // elements per stage-0 all-reduce (DeepSpeed's)
-  // Mixed precision: the model's matrices get 16-bit copies for their products
-  // (nn/weight_ops.h), refreshed from the updated f32 values after every optimizer step
-  // (and, at stage 3, after every gather); the f32 values stay the master AdamW updates.
+  // Mixed precision: the model's matrices are used in 16 bits by their products
+  // (nn/weight_ops.h); the fp32 values are the master AdamW updates (StateBytes::loom_mixed
+  // says where each stage keeps what).
   std::optional<kernels::Half> half;
 };
 
@@ -53,16 +53,19 @@ struct ZeroMemory {
 // forward/backward, gradients in the accumulation dtype (fp32 by default, 2 bytes with
 // data_types.grad_accum_dtype bf16/fp16) and the fp32 master copy with the moments (K = 12,
 // sharded from stage 1), and communicates 16-bit gradients.
-// loom_mixed: what this engine holds under bf16/fp16 today: the f32 weights are the master
-// (sharded only at stage 3), each trained matrix has a 16-bit copy beside them (`half`:
-// held whole at stages 0-2, with its gathered unit at stage 3), gradients accumulate and
-// travel in fp32.
+// loom_mixed: what this engine holds under bf16/fp16. Stage 0: the f32 weights are
+// the master, each trained matrix has a 16-bit copy beside them (`half`) - the paper's 14
+// bytes split 4 + 2 + 8. Stages 1-2: the paper's layout (16-bit working weights whole, the
+// fp32 master sharded with the moments; norms and biases, a few thousandths of the
+// elements, stay f32 and are counted as 16-bit). Stage 3: the f32 master shard and the
+// moments (12 per shard element; each gathered unit is rounded to 16 bits while it is
+// held). Gradients accumulate and travel in fp32 at every stage.
 struct StateBytes {
   int64_t param = 4, grad = 4, optimizer = 8, comm = 4, half = 0;
   static StateBytes paper_mixed(int64_t grad_accum_bytes) {
     return {2, grad_accum_bytes, 12, 2, 0};
   }
-  static StateBytes loom_mixed() { return {4, 4, 8, 4, 2}; }
+  static StateBytes loom_mixed() { return {4, 4, 8, 4, 2}; }  // ZeroPartition::memory splits it
 };
 
 // The partition of a model's trainable vector, from unit sizes alone (no model needed).
@@ -128,7 +131,8 @@ class ZeroEngine : public models::UnitHooks {
   };
   const std::vector<OwnedRun>& owned_runs() const { return owned_; }
   optim::AdamW& optimizer() { return *opt_; }
-  // Values of the owned elements (the master copy at stage 3, the store's elsewhere).
+  // Values of the owned elements (the master shard at stage 3 and under mixed precision at
+  // stages 1-2, the store's elsewhere).
   float* owned_value(const OwnedRun& r);
 
   models::CausalLM& model() { return model_; }
@@ -154,7 +158,11 @@ class ZeroEngine : public models::UnitHooks {
   void start_gather(int unit);
   void drop_prefetches();  // gathered units nobody holds
   void sync_params();      // stage 1/2: all-gather the updated pieces
-  void mark_updated();     // the trainable values changed: their 16-bit copies are stale
+  // Stages 1-2 under mixed precision: the units' working weights from the master shards
+  // (16-bit all-gather of the matrices, f32 of the rest), and the views onto them.
+  void sync_working();
+  void point_working(Unit& u);
+  void mark_updated();  // the trainable values changed: their 16-bit copies are stale
 
   // The unit holding trainable p, and p's first element in it.
   std::pair<int, int64_t> unit_of(const nn::Parameter& p) const;
@@ -171,7 +179,9 @@ class ZeroEngine : public models::UnitHooks {
   std::unique_ptr<optim::AdamW> opt_;
   std::vector<optim::AdamW::Segment> segments_;
   std::vector<OwnedRun> owned_;
-  Tensor shard_values_, shard_grads_;  // stage 3 / stage >= 1
+  Tensor shard_values_, shard_grads_;  // master_sharded_ / stage >= 1
+  bool master_sharded_ = false;        // stage 3, or stages 1-2 with cfg_.half
+  bool working_ = false;               // stages 1-2 with cfg_.half: Unit::half / Unit::small
   bool last_micro_ = true, in_backward_ = false;
   ZeroMemory mem_;
 };

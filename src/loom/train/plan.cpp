@@ -383,10 +383,12 @@ std::string plan_report(const TrainConfig& cfg, int world) {
           static_cast<long long>(seq), static_cast<long long>(l.accum), precision_name(cfg));
   if (cfg.precision != TrainConfig::Precision::fp32)
     out +=
-        fmt("model state per trained element as loom train holds it: 4-byte f32 weights (the "
-            "master AdamW updates) and a 2-byte %s copy of each matrix for the products, 4-byte "
-            "fp32 gradients, 8 bytes of AdamW moments; frozen matrices in their 2 bytes alone; "
-            "activations fp32 (each product rounds its operands)\n",
+        fmt("model state per trained element as loom train holds it: 4 bytes of fp32 master "
+            "weights and 8 of AdamW moments (sharded from stage 1), each matrix in %s for the "
+            "products (2 bytes; at stage 0 a copy beside the master, at stages 1-2 the only "
+            "whole copy, at stage 3 rounded per gathered unit), 4-byte fp32 gradients; frozen "
+            "matrices in their 2 bytes alone; activations fp32 (each product rounds its "
+            "operands)\n",
             precision_name(cfg));
   const LayoutPlan plan = evaluate(shapes, l, world, seq, src.hidden());
   if (l.pp == 1) {
