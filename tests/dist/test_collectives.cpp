@@ -159,6 +159,61 @@ void check_reduce_scatter(Communicator& c, Checker& ck) {
   }
 }
 
+// 16-bit payloads (mixed precision): the gather moves bits; the sums add pairs in fp32 and
+// round each to the format. Values that are small multiples of 1/8 sum exactly in either
+// format whatever the order, so the result is known: the exact sum, rounded once. A second
+// case checks that the sum is rounded at all: 1 + N * 2^-10 is not a bf16 value (rounds
+// to 1 pair by pair) while fp16 holds it.
+void check_sixteen_bit(Communicator& c, Checker& ck) {
+  const int N = c.size(), r = c.rank();
+  for (loom::kernels::Half f : {loom::kernels::Half::bf16, loom::kernels::Half::f16}) {
+    const std::string fmt = loom::kernels::half_name(f);
+    auto h = [&](float x) {
+      return f == loom::kernels::Half::bf16 ? loom::kernels::to_bf16(x) : loom::kernels::to_f16(x);
+    };
+    auto w = [&](uint16_t x) {
+      return f == loom::kernels::Half::bf16 ? loom::kernels::from_bf16(x)
+                                            : loom::kernels::from_f16(x);
+    };
+    auto v = [](int q, int64_t i) { return static_cast<float>((q + 1) * (i % 7 + 1)) / 8.0f; };
+    for (int64_t n : kSizes) {
+      std::vector<uint16_t> buf(static_cast<size_t>(N * n)), mine(static_cast<size_t>(n));
+      std::vector<float> want(static_cast<size_t>(N * n)), got(static_cast<size_t>(N * n));
+      for (int64_t i = 0; i < N * n; ++i) {
+        buf[i] = h(v(r, i));
+        float sum = 0;
+        for (int q = 0; q < N; ++q) sum += v(q, i);
+        want[i] = w(h(sum));
+      }
+      ck.expect_bytes(c, 2 * (N - 1) * 2 * N * n / N, at("iall_reduce_sum 16-bit", n),
+                      [&] { c.iall_reduce_sum(f, buf.data(), N * n).wait(); });
+      for (int64_t i = 0; i < N * n; ++i) got[i] = w(buf[i]);
+      ck.expect_equal(got, want, fmt + " " + at("iall_reduce_sum", n));
+
+      for (int64_t i = 0; i < N * n; ++i) buf[i] = h(v(r, i));
+      ck.expect_bytes(c, (N - 1) * 2 * n, at("ireduce_scatter_sum 16-bit", n),
+                      [&] { c.ireduce_scatter_sum(f, buf.data(), mine.data(), n).wait(); });
+      std::vector<float> part(want.begin() + r * n, want.begin() + (r + 1) * n), gotp(n);
+      for (int64_t i = 0; i < n; ++i) gotp[i] = w(mine[i]);
+      ck.expect_equal(gotp, part, fmt + " " + at("ireduce_scatter_sum", n));
+
+      for (int64_t i = 0; i < n; ++i) mine[i] = static_cast<uint16_t>(r * 7919 + i);
+      ck.expect_bytes(c, (N - 1) * 2 * n, at("iall_gather 16-bit", n),
+                      [&] { c.iall_gather(mine.data(), buf.data(), n).wait(); });
+      bool same = true;
+      for (int q = 0; q < N; ++q)
+        for (int64_t i = 0; i < n; ++i)
+          same &= buf[q * n + i] == static_cast<uint16_t>(q * 7919 + i);
+      ck.expect(same, fmt + " " + at("iall_gather 16-bit bits", n));
+    }
+    uint16_t x = h(r == 0 ? 1.0f : 0x1p-10f);
+    c.iall_reduce_sum(f, &x, 1).wait();
+    const float exact = 1.0f + (N - 1) * 0x1p-10f;
+    const float expect = f == loom::kernels::Half::bf16 ? 1.0f : exact;
+    ck.expect(N == 1 || w(x) == expect, fmt + " sum of 1 and 2^-10s: got " + std::to_string(w(x)));
+  }
+}
+
 void check_all_gather(Communicator& c, Checker& ck) {
   const int N = c.size(), r = c.rank();
   for (int64_t n : kSizes) {
@@ -357,6 +412,7 @@ int run_checks(Communicator& world) {
   check_reductions(world, ck);
   check_reduce_scatter(world, ck);
   check_all_gather(world, ck);
+  check_sixteen_bit(world, ck);
   check_broadcast_and_scalars(world, ck);
   check_send_recv(world, ck);
   check_argument_errors(world, ck);

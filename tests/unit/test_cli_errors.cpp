@@ -131,6 +131,8 @@ TEST_F(CliErrors, MixedPrecisionKeys) {
                  "unknown config key 'bf16.loss_scale'");
   expect_failure(run("train " + cfg + " --set data_types.grad_accum_dtype=fp8"),
                  "'data_types.grad_accum_dtype'");
+  expect_failure(run("train " + cfg + " --set communication_data_type=int8"),
+                 "config key 'communication_data_type' must be \"fp32\", \"bf16\" or \"fp16\"");
   expect_failure(
       run("train " + cfg + " --set bf16.enabled=true --set data_types.grad_accum_dtype=bf16"),
       "'data_types.grad_accum_dtype': \"bf16\" is not implemented yet");

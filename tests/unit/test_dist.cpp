@@ -43,6 +43,10 @@ class NullComm final : public Communicator {
   Request do_ireduce_scatter_sum(const float*, float*, int64_t) override { return {}; }
   Request do_iall_gather(const float*, float*, int64_t) override { return {}; }
   Request do_iall_gather(const uint16_t*, uint16_t*, int64_t) override { return {}; }
+  Request do_iall_reduce_sum(kernels::Half, uint16_t*, int64_t) override { return {}; }
+  Request do_ireduce_scatter_sum(kernels::Half, const uint16_t*, uint16_t*, int64_t) override {
+    return {};
+  }
   Request do_isend(const float*, int64_t, int, int) override { return {}; }
   Request do_irecv(float*, int64_t, int, int) override { return {}; }
 };

@@ -213,6 +213,24 @@ Request Communicator::iall_gather(const uint16_t* send, uint16_t* recv, int64_t 
   return named(std::move(req), "iall_gather", bytes);
 }
 
+Request Communicator::iall_reduce_sum(kernels::Half f, uint16_t* buf, int64_t n) {
+  check_count(n, "iall_reduce_sum");
+  trace::Span span(trace::Kind::Comm, "iall_reduce_sum", n * 2);
+  Request req = do_iall_reduce_sum(f, buf, n);
+  count(all_reduce_bytes(n * 2));
+  return named(std::move(req), "iall_reduce_sum", n * 2);
+}
+
+Request Communicator::ireduce_scatter_sum(kernels::Half f, const uint16_t* send, uint16_t* recv,
+                                          int64_t n_per_rank) {
+  check_count(n_per_rank, "ireduce_scatter_sum");
+  const int64_t bytes = size_ * n_per_rank * 2;
+  trace::Span span(trace::Kind::Comm, "ireduce_scatter_sum", bytes);
+  Request req = do_ireduce_scatter_sum(f, send, recv, n_per_rank);
+  count(ring_bytes(n_per_rank, 2));
+  return named(std::move(req), "ireduce_scatter_sum", bytes);
+}
+
 // ---- LocalComm ----
 
 std::unique_ptr<Communicator> LocalComm::split(int color, int) const {
@@ -239,6 +257,14 @@ void LocalComm::do_recv(float*, int64_t, int, int) {
 }
 
 Request LocalComm::do_iall_reduce_sum(float*, int64_t) { return {}; }
+
+Request LocalComm::do_iall_reduce_sum(kernels::Half, uint16_t*, int64_t) { return {}; }
+
+Request LocalComm::do_ireduce_scatter_sum(kernels::Half, const uint16_t* send, uint16_t* recv,
+                                          int64_t n_per_rank) {
+  std::copy_n(send, n_per_rank, recv);
+  return {};
+}
 
 Request LocalComm::do_isend(const float*, int64_t, int, int) {
   throw Error("isend: a communicator of size 1 has no other rank to send to");
@@ -512,6 +538,47 @@ Request MpiComm::do_iall_gather(const uint16_t* send, uint16_t* recv, int64_t n_
   return start_all_gather(gather_source(send, recv, n_per_rank, rank()), recv,
                           to_int_per_rank(n_per_rank, size(), "iall_gather"), MPI_UINT16_T,
                           handle_->comm);
+}
+
+// MPI has no 16-bit float types: the values travel as MPI_UINT16_T and these user
+// operations add them (commutative: MPI may pair them in any order).
+template <kernels::Half F>
+static void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i)
+    b[i] = F == kernels::Half::bf16
+               ? kernels::to_bf16(kernels::from_bf16(a[i]) + kernels::from_bf16(b[i]))
+               : kernels::to_f16(kernels::from_f16(a[i]) + kernels::from_f16(b[i]));
+}
+
+static MPI_Op sum16_op(kernels::Half f) {
+  static MPI_Op ops[2] = {MPI_OP_NULL, MPI_OP_NULL};  // made on first use, after MPI_Init
+  MPI_Op& op = ops[f == kernels::Half::bf16 ? 0 : 1];
+  if (op == MPI_OP_NULL)
+    check_mpi(MPI_Op_create(f == kernels::Half::bf16 ? &sum16<kernels::Half::bf16>
+                                                     : &sum16<kernels::Half::f16>,
+                            1, &op),
+              "Op_create");
+  return op;
+}
+
+Request MpiComm::do_iall_reduce_sum(kernels::Half f, uint16_t* buf, int64_t n) {
+  MPI_Request req;
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf, to_int(n, "iall_reduce_sum"), MPI_UINT16_T,
+                           sum16_op(f), handle_->comm, &req),
+            "iall_reduce_sum");
+  return pending(req, "iall_reduce_sum");
+}
+
+Request MpiComm::do_ireduce_scatter_sum(kernels::Half f, const uint16_t* send, uint16_t* recv,
+                                        int64_t n_per_rank) {
+  int n = to_int_per_rank(n_per_rank, size(), "ireduce_scatter_sum");
+  MPI_Request req;
+  check_mpi(
+      MPI_Ireduce_scatter_block(send, recv, n, MPI_UINT16_T, sum16_op(f), handle_->comm, &req),
+      "ireduce_scatter_sum");
+  return pending(req, "ireduce_scatter_sum");
 }
 
 Request MpiComm::do_isend(const float* buf, int64_t n, int dest, int tag) {

@@ -13,6 +13,8 @@
 #include <memory>
 #include <utility>
 
+#include "loom/kernels/cpu/bf16.h"
+
 namespace loom::dist {
 
 // Every public call below is also a trace span (util/trace.h: the call's name, its payload
@@ -104,6 +106,12 @@ class Communicator {
   // The same gather of 16-bit values (bf16 or fp16 bits, moved unchanged): mixed
   // precision's working weights.
   Request iall_gather(const uint16_t* send, uint16_t* recv, int64_t n_per_rank);
+  // Sums of 16-bit values in format f (DeepSpeed's communication_data_type bf16/fp16): each
+  // pairwise sum is taken in fp32 and rounded back to f, so the result depends on the
+  // reduction's order as the 16-bit sums of NCCL's do (fixed for a given communicator).
+  Request iall_reduce_sum(kernels::Half f, uint16_t* buf, int64_t n);
+  Request ireduce_scatter_sum(kernels::Half f, const uint16_t* send, uint16_t* recv,
+                              int64_t n_per_rank);
   // Non-blocking point-to-point (MPI_Isend / MPI_Irecv), for pipeline stages: the buffer
   // must stay untouched until the Request completes; irecv's wait() throws when the message
   // that arrived is not exactly n floats.
@@ -141,6 +149,9 @@ class Communicator {
   virtual Request do_ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) = 0;
   virtual Request do_iall_gather(const float* send, float* recv, int64_t n_per_rank) = 0;
   virtual Request do_iall_gather(const uint16_t* send, uint16_t* recv, int64_t n_per_rank) = 0;
+  virtual Request do_iall_reduce_sum(kernels::Half f, uint16_t* buf, int64_t n) = 0;
+  virtual Request do_ireduce_scatter_sum(kernels::Half f, const uint16_t* send, uint16_t* recv,
+                                         int64_t n_per_rank) = 0;
   virtual Request do_isend(const float* buf, int64_t n, int dest, int tag) = 0;
   virtual Request do_irecv(float* buf, int64_t n, int src, int tag) = 0;
 
@@ -181,6 +192,9 @@ class LocalComm final : public Communicator {
   Request do_ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) override;
   Request do_iall_gather(const float* send, float* recv, int64_t n_per_rank) override;
   Request do_iall_gather(const uint16_t* send, uint16_t* recv, int64_t n_per_rank) override;
+  Request do_iall_reduce_sum(kernels::Half f, uint16_t* buf, int64_t n) override;
+  Request do_ireduce_scatter_sum(kernels::Half f, const uint16_t* send, uint16_t* recv,
+                                 int64_t n_per_rank) override;
   Request do_isend(const float* buf, int64_t n, int dest, int tag) override;
   Request do_irecv(float* buf, int64_t n, int src, int tag) override;
 };
@@ -214,6 +228,9 @@ class MpiComm final : public Communicator {
   Request do_ireduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) override;
   Request do_iall_gather(const float* send, float* recv, int64_t n_per_rank) override;
   Request do_iall_gather(const uint16_t* send, uint16_t* recv, int64_t n_per_rank) override;
+  Request do_iall_reduce_sum(kernels::Half f, uint16_t* buf, int64_t n) override;
+  Request do_ireduce_scatter_sum(kernels::Half f, const uint16_t* send, uint16_t* recv,
+                                 int64_t n_per_rank) override;
   Request do_isend(const float* buf, int64_t n, int dest, int tag) override;
   Request do_irecv(float* buf, int64_t n, int src, int tag) override;
 

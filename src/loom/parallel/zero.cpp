@@ -103,7 +103,18 @@ struct ZeroEngine::Pending {
   dist::Request req;
   Tensor staged;  // stage 1: the padded copy of a unit's gradient
   Tensor piece;   // stage >= 1: this rank's summed piece
+  // communication_data_type 16-bit: what travels (stage 0: the bucket, widened back into
+  // `out`; stages >= 1: the padded unit, and the received piece).
+  Tensor wire, wire_piece;
+  float* out = nullptr;
 };
+
+namespace {
+Tensor half_zeros(int64_t n, kernels::Half f) {
+  return Tensor::zeros({n}, f == kernels::Half::bf16 ? DType::BF16 : DType::F16);
+}
+uint16_t* bits(const Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
+}  // namespace
 
 ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const ZeroConfig& cfg,
                        const optim::AdamWConfig& adamw, const nn::TensorParallel& tp)
@@ -226,8 +237,9 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
   if (cfg_.half) nn::use_half_weights(ps, *cfg_.half);
   if (working_)
     for (Unit& u : units_) point_working(u);
-  mem_ =
-      part_.memory(cfg_.stage, frozen_bytes, cfg_.half ? StateBytes::loom_mixed() : StateBytes{});
+  StateBytes bytes = cfg_.half ? StateBytes::loom_mixed() : StateBytes{};
+  if (cfg_.comm) bytes.comm = 2;
+  mem_ = part_.memory(cfg_.stage, frozen_bytes, bytes);
   model_.set_unit_hooks(this);
 }
 
@@ -487,9 +499,17 @@ void ZeroEngine::grads_ready(int unit) {
       const Unit& lo = units_[b.back()];  // lowest flat start
       const Unit& hi = units_[b.front()];
       float* g = model_.params().flat_grads().f32() + lo.start;
+      const int64_t n = hi.start + hi.len - lo.start;
       auto p = std::make_unique<Pending>();
       p->units = b;
-      p->req = comm_.iall_reduce_sum(g, hi.start + hi.len - lo.start);
+      if (cfg_.comm) {
+        p->wire = half_zeros(n, *cfg_.comm);
+        kernels::to_half(*cfg_.comm, g, bits(p->wire), n);
+        p->out = g;
+        p->req = comm_.iall_reduce_sum(*cfg_.comm, bits(p->wire), n);
+      } else {
+        p->req = comm_.iall_reduce_sum(g, n);
+      }
       pending_.push_back(std::move(p));
     }
   } else {
@@ -513,7 +533,15 @@ void ZeroEngine::launch_reduce(int unit) {
   } else {
     send = u.grad.f32();  // allocated padded in acquire()
   }
-  p->req = comm_.ireduce_scatter_sum(send, p->piece.f32(), c);
+  if (cfg_.comm) {
+    p->wire = half_zeros(c * part_.world, *cfg_.comm);
+    kernels::to_half(*cfg_.comm, send, bits(p->wire), c * part_.world);
+    p->staged = Tensor();
+    p->wire_piece = half_zeros(c, *cfg_.comm);
+    p->req = comm_.ireduce_scatter_sum(*cfg_.comm, bits(p->wire), bits(p->wire_piece), c);
+  } else {
+    p->req = comm_.ireduce_scatter_sum(send, p->piece.f32(), c);
+  }
   pending_.push_back(std::move(p));
   // Bound the gradient memory in flight (stage 2/3 allocate a unit's gradient per backward).
   while (cfg_.stage >= 2 && pending_.size() > kInflight) {
@@ -524,7 +552,12 @@ void ZeroEngine::launch_reduce(int unit) {
 }
 
 void ZeroEngine::finish(Pending& p) {
-  if (cfg_.stage == 0) return;  // reduced in place
+  if (cfg_.stage == 0) {  // reduced in place, or in its 16-bit form
+    if (p.out) kernels::from_half(*cfg_.comm, bits(p.wire), p.out, p.wire.numel());
+    return;
+  }
+  if (p.wire_piece.defined())
+    kernels::from_half(*cfg_.comm, bits(p.wire_piece), p.piece.f32(), p.piece.numel());
   const int u = p.units[0];
   const int64_t n = part_.piece_end(u) - part_.piece_begin(u);
   if (n > 0) kernels::add_inplace(shard_grads_.f32() + part_.shard_offset[u], p.piece.f32(), n);

@@ -38,6 +38,10 @@ struct ZeroConfig {
   // (nn/weight_ops.h); the fp32 values are the master AdamW updates (StateBytes::loom_mixed
   // says where each stage keeps what).
   std::optional<kernels::Half> half;
+  // DeepSpeed's communication_data_type bf16/fp16: gradients are rounded to 16 bits for
+  // their all-reduce / reduce-scatter (half the bytes; each pairwise sum rounded) and
+  // widened back into the fp32 accumulators. Unset: fp32, the accumulation dtype.
+  std::optional<kernels::Half> comm;
 };
 
 // Bytes one rank holds for the model state under a stage, and the engine's buffers: what

@@ -188,6 +188,7 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
              "fp16",
              "bf16",
              "data_types",
+             "communication_data_type",
              "peft",
              "checkpoint_interval",
              "resume_from",
@@ -466,6 +467,14 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
              where + ": config keys 'bf16.enabled' and 'fp16.enabled' are both true; choose one");
   if (enabled[0]) c.precision = TrainConfig::Precision::bf16;
   if (enabled[1]) c.precision = TrainConfig::Precision::fp16;
+  if (j.contains("communication_data_type")) {
+    Reader rc{where, ""};
+    const std::string t = rc.string(j, "communication_data_type", "fp32");
+    LOOM_CHECK(t == "fp32" || t == "bf16" || t == "fp16",
+               rc.key("communication_data_type") +
+                   " must be \"fp32\", \"bf16\" or \"fp16\" (got \"" + t + "\")");
+    if (t != "fp32") c.zero.comm = t == "bf16" ? kernels::Half::bf16 : kernels::Half::f16;
+  }
   if (j.contains("data_types")) {
     Reader rt{where, "data_types."};
     rt.only(j["data_types"], {"grad_accum_dtype"});

@@ -56,7 +56,8 @@ struct TrainConfig {
   // The schedule trace's file (dist/job_trace.h); empty: off. "trace": true in the config
   // means output_dir/trace.json; `loom train --trace FILE` sets it directly.
   std::string trace_path;
-  parallel::ZeroConfig zero;          // zero_optimization: stage, reduce_bucket_size
+  // zero_optimization: stage, reduce_bucket_size; and communication_data_type (zero.comm)
+  parallel::ZeroConfig zero;
   int tensor_parallel = 1;            // tensor_parallel.size
   bool sequence_parallel = false;     // tensor_parallel.sequence_parallel
   parallel::PipelineConfig pipeline;  // pipeline_parallel

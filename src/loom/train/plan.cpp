@@ -267,8 +267,10 @@ LayoutPlan evaluate(const std::vector<StageShape>& shapes, const Layout& l, int 
 // Model-state bytes per element at the config's precision, as the engine holds them
 // (parallel::StateBytes), and as the ZeRO paper's mixed-precision layout would.
 parallel::StateBytes state_bytes(const TrainConfig& cfg) {
-  if (cfg.precision == TrainConfig::Precision::fp32) return {};
-  return parallel::StateBytes::loom_mixed();
+  parallel::StateBytes b;
+  if (cfg.precision != TrainConfig::Precision::fp32) b = parallel::StateBytes::loom_mixed();
+  if (cfg.zero.comm) b.comm = 2;  // communication_data_type bf16/fp16
+  return b;
 }
 parallel::StateBytes paper_state_bytes(const TrainConfig& cfg) {
   if (cfg.precision == TrainConfig::Precision::fp32) return {};
