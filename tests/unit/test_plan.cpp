@@ -8,6 +8,7 @@
 
 #include "common/test_util.h"
 #include "loom/io/hf_checkpoint.h"
+#include "loom/train/cost_model.h"
 #include "loom/train/plan.h"
 
 namespace loom {
@@ -136,6 +137,24 @@ TEST(Plan, ZeroPaperFigureOneAt7_5B) {
 // the norms 2 x 8192 = 106,971,136; so 1,102,479,360 parameters, 4,409,917,440 bytes of fp32
 // weights. The last stage holds the final norm and the untied head's 4000 rows instead of
 // the embedding. Planned without allocating any of it.
+// Bytes each rank sends per step for N elements over 2 ranks, 3 micro-batches: a ring step
+// moves half the buffer. Stage 2 reduce-scatters every micro-batch in the gradient's dtype
+// and all-gathers the update once in the weights' (16-bit under mixed precision); stage 0
+// all-reduces once (twice a ring step).
+TEST(Plan, ZeroTrafficFollowsTheWireDtypes) {
+  const double N = 1000;
+  train::Traffic t = train::zero_traffic(2, N, 1, 1e9, 2, 3);
+  EXPECT_DOUBLE_EQ(t.reduce_scatter, 3 * 4 * N / 2);
+  EXPECT_DOUBLE_EQ(t.all_gather, 4 * N / 2);
+  t = train::zero_traffic(2, N, 1, 1e9, 2, 3, 2, 2);
+  EXPECT_DOUBLE_EQ(t.reduce_scatter, 3 * 2 * N / 2);
+  EXPECT_DOUBLE_EQ(t.all_gather, 2 * N / 2);
+  t = train::zero_traffic(1, N, 1, 1e9, 2, 3, 4, 2);
+  EXPECT_DOUBLE_EQ(t.reduce_scatter, 4 * N / 2);
+  EXPECT_DOUBLE_EQ(t.all_gather, 2 * N / 2);
+  EXPECT_DOUBLE_EQ(train::zero_traffic(0, N, 1, 1e9, 2, 3, 2, 2).all_reduce, 2 * N);
+}
+
 TEST(Plan, Llama2_70BAtTp8Pp8Dp8) {
   nlohmann::json j = io::read_json_file(test::source_dir() / "configs/plan-llama2-70b.json");
   j["model"] = (test::fixture_dir() / "llama2_70b").string();

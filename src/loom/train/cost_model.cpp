@@ -33,26 +33,30 @@ const Calibration& calibration() {
 double all_reduce_bytes(double n, int d) { return d > 1 ? 2.0 * (d - 1) / d * 4 * n : 0.0; }
 double ring_bytes(double n, int d) { return d > 1 ? (d - 1.0) / d * 4 * n : 0.0; }
 
-Traffic zero_traffic(int stage, double trainable, int units, double bucket, int d, int64_t m) {
+Traffic zero_traffic(int stage, double trainable, int units, double bucket, int d, int64_t m,
+                     double grad_bytes, double gather_bytes) {
   Traffic t;
   if (d < 2) return t;
-  const double ring = ring_bytes(trainable, d), micro = static_cast<double>(m), n = units;
+  const double ring = ring_bytes(trainable, d) * grad_bytes / 4,
+               gather = ring_bytes(trainable, d) * gather_bytes / 4, micro = static_cast<double>(m),
+               n = units;
   if (stage == 0) {
-    t.all_reduce = all_reduce_bytes(trainable, d);
+    t.all_reduce = all_reduce_bytes(trainable, d) * grad_bytes / 4;
     t.calls = std::ceil(trainable / bucket);
   }
   if (stage == 1) {
-    t.reduce_scatter = t.all_gather = ring;
+    t.reduce_scatter = ring;
+    t.all_gather = gather;
     t.calls = 2 * n;
   }
   if (stage == 2) {
     t.reduce_scatter = micro * ring;
-    t.all_gather = ring;
+    t.all_gather = gather;
     t.calls = (micro + 1) * n;
   }
   if (stage == 3) {
     t.reduce_scatter = micro * ring;
-    t.all_gather = 2 * micro * ring;
+    t.all_gather = 2 * micro * ring_bytes(trainable, d);  // fp32 units
     t.calls = 3 * micro * n;
   }
   return t;

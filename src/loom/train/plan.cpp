@@ -254,8 +254,11 @@ LayoutPlan evaluate(const std::vector<StageShape>& shapes, const Layout& l, int 
     w.stages.push_back(sw);
     const int units = static_cast<int>(
         std::count_if(s.unit_lens.begin(), s.unit_lens.end(), [](int64_t n) { return n > 0; }));
-    const Traffic dp = zero_traffic(l.zero, static_cast<double>(s.trainable), units,
-                                    static_cast<double>(l.reduce_bucket), l.dp, l.accum);
+    // Under mixed precision the stage 1-2 all-gather carries the 16-bit weights (a PEFT
+    // run's f32 adapters, a small share, are counted at 2 bytes too).
+    const Traffic dp = zero_traffic(
+        l.zero, static_cast<double>(s.trainable), units, static_cast<double>(l.reduce_bucket), l.dp,
+        l.accum, static_cast<double>(l.bytes.comm), l.bytes.half > 0 ? 2.0 : 4.0);
     if (seconds(dp, cal, world) >= seconds(w.dp, cal, world)) w.dp = dp;
     w.adamw_elements =
         std::max(w.adamw_elements, static_cast<double>(l.zero >= 1 ? part.shard_len : s.trainable));
