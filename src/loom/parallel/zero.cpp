@@ -114,6 +114,21 @@ Tensor half_zeros(int64_t n, kernels::Half f) {
   return Tensor::zeros({n}, f == kernels::Half::bf16 ? DType::BF16 : DType::F16);
 }
 uint16_t* bits(const Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
+
+// The parts of a unit's small parameters (Unit::small_runs) inside the piece [lo, hi):
+// fn(unit_at, small_at, n, k), k the piece's small elements before this part; returns
+// their count.
+template <typename Runs, typename Fn>
+int64_t for_piece_runs(const Runs& runs, int64_t lo, int64_t hi, Fn&& fn) {
+  int64_t k = 0;
+  for (const auto& r : runs) {
+    const int64_t a = std::max(lo, r.at), b = std::min(hi, r.at + r.n);
+    if (a >= b) continue;
+    fn(a, r.small_at + (a - r.at), b - a, k);
+    k += b - a;
+  }
+  return k;
+}
 }  // namespace
 
 ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const ZeroConfig& cfg,
@@ -209,11 +224,8 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
       for (nn::Parameter* p : u.params) {
         const int64_t at = static_cast<int64_t>(p->grad_offset) - u.start, n = p->value.numel();
         if (nn::takes_half(*p)) {
-          if (!u.half.defined())
-            u.half = Tensor::zeros({part_.piece[i] * part_.world},
-                                   *cfg_.half == kernels::Half::bf16 ? DType::BF16 : DType::F16);
-          kernels::to_half(*cfg_.half, p->value.f32(), static_cast<uint16_t*>(u.half.raw()) + at,
-                           n);
+          if (!u.half.defined()) u.half = half_zeros(part_.piece[i] * part_.world, *cfg_.half);
+          kernels::to_half(*cfg_.half, p->value.f32(), bits(u.half) + at, n);
         } else {
           u.small_runs.push_back({at, n, small});
           small += n;
@@ -225,10 +237,7 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
                     r.n * sizeof(float));
       for (int rank = 0; rank < part_.world; ++rank) {
         const int64_t lo = rank * part_.piece[i], hi = std::min(u.len, lo + part_.piece[i]);
-        int64_t k = 0;
-        for (const Unit::Run& r : u.small_runs)
-          k += std::max<int64_t>(0, std::min(hi, r.at + r.n) - std::max(lo, r.at));
-        u.small_max = std::max(u.small_max, k);
+        u.small_max = std::max(u.small_max, for_piece_runs(u.small_runs, lo, hi, [](auto...) {}));
       }
     }
   }
@@ -444,26 +453,20 @@ void ZeroEngine::sync_working() {
   // up to small_max small elements, sent packed (padded to small_max).
   std::vector<dist::Request> reqs;
   std::vector<Tensor> packed(units_.size());
-  auto for_runs = [&](size_t i, int rank, auto&& fn) {  // fn(unit_at, small_at, n, k)
-    const Unit& u = units_[i];
-    const int64_t lo = rank * part_.piece[i], hi = std::min(u.len, lo + part_.piece[i]);
-    int64_t k = 0;
-    for (const Unit::Run& r : u.small_runs) {
-      const int64_t a = std::max(lo, r.at), b = std::min(hi, r.at + r.n);
-      if (a >= b) continue;
-      fn(a, r.small_at + (a - r.at), b - a, k);
-      k += b - a;
-    }
+  auto for_runs = [&](size_t i, int rank, auto&& fn) {  // rank's piece of unit i
+    const int64_t lo = rank * part_.piece[i];
+    for_piece_runs(units_[i].small_runs, lo, std::min(units_[i].len, lo + part_.piece[i]), fn);
   };
+
   for (size_t i = 0; i < units_.size(); ++i) {
     Unit& u = units_[i];
     if (u.len == 0) continue;
     const int64_t c = part_.piece[i], lo = part_.piece_begin(i), hi = part_.piece_end(i);
     const float* master = shard_values_.f32() + part_.shard_offset[i];
     if (u.half.defined()) {
-      uint16_t* mine = static_cast<uint16_t*>(u.half.raw()) + lo;
+      uint16_t* mine = bits(u.half) + lo;
       if (hi > lo) kernels::to_half(*cfg_.half, master, mine, hi - lo);
-      reqs.push_back(comm_.iall_gather(mine, static_cast<uint16_t*>(u.half.raw()), c));
+      reqs.push_back(comm_.iall_gather(mine, bits(u.half), c));
     }
     if (u.small_max > 0) {
       packed[i] = Tensor::zeros({u.small_max * part_.world});
