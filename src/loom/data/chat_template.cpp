@@ -81,10 +81,6 @@ std::vector<Segment> render_chat(ChatTemplate t, const Conversation& c, const Te
       out.push_back({std::move(text), train});
     }
   };
-  if (c.messages.size() == 1 && c.messages[0].role == "text") {
-    emit(c.messages[0].content + o.eos_text, true);
-    return out;
-  }
   const bool has_system = !c.messages.empty() && c.messages[0].role == "system";
   std::vector<Message> msgs;
   if (!has_system && !o.default_system.empty() && t != ChatTemplate::Plain)

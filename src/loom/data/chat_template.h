@@ -4,7 +4,6 @@
 //   chatml : <|im_start|>{role}\n{content}<|im_end|>\n         (SmolLM2, Qwen)
 //   llama3 : <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>
 //   plain  : {user}\n{assistant}{eos}                           (GPT-2: no chat markup)
-// Plain text ("text" messages) is one trainable segment followed by eos.
 #pragma once
 
 #include <string>

@@ -29,9 +29,10 @@ std::string detect(const json& r) {
   if (r.contains("conversations")) return "sharegpt";
   if (r.contains("instruction")) return "alpaca";
   if (r.contains("prompt")) return "prompt_response";
+  if (r.contains("text")) return "text";
   throw Error(
       "cannot tell the format from the keys (expected prompt/response, "
-      "instruction/output, conversations or messages)");
+      "instruction/output, conversations, messages or text)");
 }
 
 Conversation convert(const json& r, const std::string& format) {
@@ -41,6 +42,10 @@ Conversation convert(const json& r, const std::string& format) {
   auto add = [&](const std::string& role, const std::string& content) {
     c.messages.push_back({role, content});
   };
+  if (format == "text") {  // a pre-training document; other keys ("meta", "id") are ignored
+    add("text", str_field(r, "text", true, none));
+    return c;
+  }
   if (format == "prompt_response" || format == "alpaca") {
     const std::string& sys = str_field(r, "system", false, none);
     if (!sys.empty()) add("system", sys);
@@ -117,17 +122,13 @@ std::vector<Conversation> read_conversations(const fs::path& path, const std::st
   const size_t first = text.find_first_not_of(" \t\r\n\xef\xbb\xbf");
   const bool looks_json = first != std::string::npos && (text[first] == '[' || text[first] == '{');
   std::string format = format_in;
-  if (format == "text" || (format == "auto" && !looks_json)) {
+  // A .txt file is text even where it begins with '[' or '{'.
+  const bool plain = !looks_json || path.extension() == ".txt";
+  if (plain && (format == "text" || format == "auto")) {  // plain text: one document
     st.format = "text";
-    std::istringstream lines(text);
-    std::string line;
-    while (std::getline(lines, line)) {
-      if (line.empty()) continue;
-      out.push_back(Conversation{{{"text", line}}});
-      ++st.records;
-    }
-    LOOM_CHECK(!out.empty(), path.string() + ": no text");
-    return out;
+    st.records = 1;
+    LOOM_CHECK(first != std::string::npos, path.string() + ": no text");
+    return {Conversation{{{"text", text}}}};
   }
 
   // Records with where-they-came-from, for error messages.

@@ -1,11 +1,12 @@
-// Dialogue data as users have it, read into one form: a Conversation of role/content
-// messages (roles system | user | assistant; plain text is one "text" message).
+// Data as users have it, read into one form: a Conversation of role/content messages
+// (roles system | user | assistant), or for pre-training text one "text" message.
 // Formats (JSON array or JSONL, detected from the first non-space byte):
 //   prompt_response : {"prompt", "response", optional "system", "history": [[q, a], ...]}
 //   alpaca          : {"instruction", optional "input", "output", optional "system"}
 //   sharegpt        : {"conversations": [{"from": human|user|gpt|assistant|system, "value"}]}
 //   messages        : {"messages": [{"role", "content"}]}   (OpenAI style)
-//   text            : a plain text file, one sample per line (not JSON)
+//   text            : {"text", any other keys}, one document per record; or a file that is
+//                     not JSON, read whole as one document
 //   auto            : chosen from the first record's keys (text when the file is not JSON)
 // A malformed record stops with the file and line (JSONL) or index (array) named, or with
 // on_error = skip is dropped and counted.

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,20 +24,38 @@ class Dataset {
   virtual void get_positions(int64_t index, int32_t* pos) const;
 };
 
-// A token stream (continued pre-training on plain text) cut into consecutive windows of
-// seq_len + 1 tokens, overlapping by one so every token is a target once.
+using EncodeFn = std::function<std::vector<int32_t>(const std::string&)>;
+
+// Continued pre-training: documents concatenated into one token stream, each followed by
+// the separator (the tokenizer's EOS), cut into consecutive windows of seq_len + 1 tokens
+// that overlap by one so every token is a target once.
+//   unpacked: a window runs across document boundaries as the stream does (GPT-2's way)
+//   packed  : positions restart at each document's first token, so the model keeps
+//             attention inside each document, and the separator that ends a document has
+//             no target: nothing is predicted across a boundary (Megatron's
+//             reset_position_ids, reset_attention_mask and eod_mask_loss)
 class TokenWindowDataset : public Dataset {
  public:
-  // `what` names the source in errors (the text file).
-  TokenWindowDataset(std::vector<int32_t> tokens, int64_t seq_len, const std::string& what);
+  // Each document is encoded and followed by encode(separator). `what` names the source
+  // in errors.
+  TokenWindowDataset(const std::vector<std::string>& documents, const EncodeFn& encode,
+                     const std::string& separator, int64_t seq_len, bool pack,
+                     const std::string& what);
   int64_t size() const override { return n_windows_; }
   int64_t seq_len() const override { return T_; }
   void get(int64_t index, int32_t* ids, int32_t* targets) const override;
+  bool packed() const override { return pack_; }
+  void get_positions(int64_t index, int32_t* pos) const override;
   int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  int64_t num_documents() const { return static_cast<int64_t>(starts_.size()); }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
 
  private:
+  bool starts_document(int64_t offset) const;  // does a document begin at this token?
   std::vector<int32_t> tokens_;
+  std::vector<int64_t> starts_;  // sorted offsets of each document's first token
   int64_t T_, n_windows_;
+  bool pack_;
 };
 
 // Samples given in memory: ids and targets [N, T] (tests, fixtures, small jobs).

@@ -23,8 +23,6 @@
 
 namespace loom::data {
 
-using EncodeFn = std::function<std::vector<int32_t>(const std::string&)>;
-
 struct SftOptions {
   int64_t seq_len = 256;
   bool pack = false;

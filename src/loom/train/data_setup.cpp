@@ -1,7 +1,6 @@
 #include "loom/train/data_setup.h"
 
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 
 #include "loom/data/conversation.h"
@@ -62,13 +61,62 @@ fs::path cache_dir(const DataConfig& cfg) {
   return fs::path(home ? home : "/tmp") / ".cache" / "loom" / "tokenized";
 }
 
-std::unique_ptr<data::Dataset> text_windows(const fs::path& path, const TextCodec& codec,
-                                            int64_t seq_len) {
-  std::ifstream in(path, std::ios::binary);
-  LOOM_CHECK(in.good(), path.string() + ": cannot open data file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return std::make_unique<data::TokenWindowDataset>(codec.encode(ss.str()), seq_len, path.string());
+// Pre-training documents as strings: each "text" message split at every occurrence of the
+// EOS text (how a .txt file separates its documents; a record may hold several too). A
+// trailing EOS ends the last document rather than starting an empty one, so the windows'
+// token stream is the file's own, with an EOS after the last document if it has none.
+std::vector<std::string> documents(const std::vector<data::Conversation>& convs,
+                                   const std::string& eos_text) {
+  std::vector<std::string> out;
+  for (const data::Conversation& c : convs) {
+    const std::string& t = c.messages.at(0).content;
+    size_t from = 0;
+    while (!eos_text.empty()) {
+      const size_t at = t.find(eos_text, from);
+      if (at == std::string::npos) break;
+      out.push_back(t.substr(from, at - from));
+      from = at + eos_text.size();
+    }
+    if (from < t.size() || from == 0) out.push_back(t.substr(from));
+  }
+  return out;
+}
+
+std::vector<data::Conversation> as_conversations(std::vector<std::string> docs) {
+  std::vector<data::Conversation> out;
+  for (std::string& d : docs) out.push_back(data::Conversation{{{"text", std::move(d)}}});
+  return out;
+}
+
+// Continued pre-training on documents (data/dataset.h's TokenWindowDataset).
+TrainData text_data(const DataConfig& cfg, const TextCodec& codec, uint64_t seed,
+                    const std::vector<data::Conversation>& train_in,
+                    const std::vector<data::Conversation>& valid_in, const data::ReadStats& rs) {
+  std::vector<data::Conversation> train = as_conversations(documents(train_in, codec.eos_text));
+  std::vector<data::Conversation> valid = as_conversations(documents(valid_in, codec.eos_text));
+  if (cfg.valid_path.empty()) data::split_validation(train, valid, cfg.valid_fraction, seed);
+  const auto windows = [&](const std::vector<data::Conversation>& docs, const std::string& what) {
+    std::vector<std::string> text;
+    for (const auto& d : docs) text.push_back(d.messages[0].content);
+    return std::make_unique<data::TokenWindowDataset>(text, codec.encode, codec.eos_text,
+                                                      cfg.seq_len, cfg.pack, what);
+  };
+  TrainData out;
+  auto tw = windows(train, cfg.path);
+  std::ostringstream sum;
+  sum << cfg.path << ": text, " << rs.records << (rs.records == 1 ? " record" : " records");
+  if (rs.skipped) sum << " (" << rs.skipped << " malformed, skipped)";
+  sum << ", " << tw->num_documents() << " documents, " << tw->num_tokens() << " tokens; "
+      << tw->size() << " windows of " << cfg.seq_len
+      << (cfg.pack ? " (packed: attention and loss inside each document)" : "");
+  out.train = std::move(tw);
+  if (!valid.empty()) {
+    out.valid = windows(valid, cfg.valid_path.empty() ? cfg.path : cfg.valid_path);
+    sum << "; validation " << valid.size() << " documents, " << out.valid->size() << " windows";
+  }
+  out.summary = sum.str();
+  for (const auto& e : rs.first_errors) out.summary += "\n  skipped: " + e;
+  return out;
 }
 
 }  // namespace
@@ -77,24 +125,18 @@ TrainData build_train_data(const DataConfig& cfg, const TextCodec& codec, uint64
   TrainData out;
   const data::OnError on_error = cfg.on_error == "skip" ? data::OnError::Skip : data::OnError::Stop;
   data::ReadStats rs;
-  // Plain text: windows of the token stream (continued pre-training).
-  if (cfg.format == "text" || (cfg.format == "auto" && fs::path(cfg.path).extension() == ".txt")) {
-    out.train = text_windows(cfg.path, codec, cfg.seq_len);
-    if (!cfg.valid_path.empty()) out.valid = text_windows(cfg.valid_path, codec, cfg.seq_len);
-    out.summary = cfg.path + ": text, " + std::to_string(out.train->size()) + " windows of " +
-                  std::to_string(cfg.seq_len) + " tokens";
-    LOOM_CHECK(cfg.valid_fraction == 0.0,
-               "data.valid_fraction applies to dialogue data; give data.valid_path for text");
-    return out;
-  }
   std::vector<data::Conversation> train =
       data::read_conversations(cfg.path, cfg.format, on_error, &rs);
   std::vector<data::Conversation> valid;
   if (!cfg.valid_path.empty()) {
-    valid = data::read_conversations(cfg.valid_path, cfg.format, on_error);
-  } else {
-    data::split_validation(train, valid, cfg.valid_fraction, seed);
+    data::ReadStats vs;
+    valid = data::read_conversations(cfg.valid_path, cfg.format, on_error, &vs);
+    LOOM_CHECK((vs.format == "text") == (rs.format == "text"),
+               cfg.valid_path + ": config key 'data.valid_path' holds " + vs.format + " but " +
+                   cfg.path + " holds " + rs.format + " (both must be text, or both dialogue)");
   }
+  if (rs.format == "text") return text_data(cfg, codec, seed, train, valid, rs);
+  if (cfg.valid_path.empty()) data::split_validation(train, valid, cfg.valid_fraction, seed);
   data::SftOptions o;
   o.seq_len = cfg.seq_len;
   o.pack = cfg.pack;
