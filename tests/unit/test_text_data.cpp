@@ -38,8 +38,7 @@ train::TextCodec gpt2_codec() {
 
 train::DataConfig config(const fs::path& path, const std::string& format, int64_t T, bool pack) {
   train::DataConfig c;
-  c.path = path.string();
-  c.format = format;
+  c.sources = {{path.string(), format, 1.0}};
   c.seq_len = T;
   c.pack = pack;
   return c;

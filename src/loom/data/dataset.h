@@ -22,6 +22,13 @@ class Dataset {
   // Packed datasets override both: the model then gets explicit position ids.
   virtual bool packed() const { return false; }
   virtual void get_positions(int64_t index, int32_t* pos) const;
+  // The weighted datasets this one is made of, which the sampler blends (a mixture,
+  // data/mixture.h); a plain dataset is its only part, of weight 1.
+  struct Part {
+    const Dataset* dataset;
+    double weight;
+  };
+  virtual std::vector<Part> parts() const { return {{this, 1.0}}; }
 };
 
 using EncodeFn = std::function<std::vector<int32_t>(const std::string&)>;

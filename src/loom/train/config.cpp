@@ -208,24 +208,47 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
   const json& d = j["data"];
   rd.only(d, {"path", "format", "seq_len", "tokenizer", "shuffle", "template", "pack",
               "train_on_prompt", "valid_fraction", "valid_path", "on_error", "cache_dir"});
-  c.data.path = rd.string(d, "path", "");
-  LOOM_CHECK(!c.data.path.empty(), where + ": config key 'data.path' is required");
-  auto one_of = [&](const std::string& key, const std::string& v,
+  auto one_of = [&](const Reader& r, const std::string& key, const std::string& v,
                     std::initializer_list<const char*> ok) {
     std::string list;
     for (const char* o : ok) {
       if (v == o) return;
       list += (list.empty() ? "" : ", ") + std::string(o);
     }
-    throw Error(rd.key(key) + ": '" + v + "' is not one of " + list);
+    throw Error(r.key(key) + ": '" + v + "' is not one of " + list);
   };
+  const std::initializer_list<const char*> formats = {"auto",   "text",     "prompt_response",
+                                                      "alpaca", "sharegpt", "messages"};
   c.data.format = rd.string(d, "format", "auto");
-  one_of("format", c.data.format,
-         {"auto", "text", "prompt_response", "alpaca", "sharegpt", "messages"});
+  one_of(rd, "format", c.data.format, formats);
+  // data.path: one file, or a list of {"path", "format", "weight"} mixed by weight.
+  LOOM_CHECK(d.contains("path"), where + ": config key 'data.path' is required");
+  if (d["path"].is_array()) {
+    LOOM_CHECK(!d["path"].empty(), rd.key("path") + ": an empty list of datasets");
+    for (size_t i = 0; i < d["path"].size(); ++i) {
+      const json& e = d["path"][i];
+      const Reader re{where, "data.path[" + std::to_string(i) + "]."};
+      re.only(e, {"path", "format", "weight"});
+      DataSource src;
+      src.path = re.string(e, "path", "");
+      LOOM_CHECK(!src.path.empty(), re.key("path") + " is required");
+      src.format = re.string(e, "format", c.data.format);
+      one_of(re, "format", src.format, formats);
+      src.weight = re.number(e, "weight", 1.0);
+      LOOM_CHECK(src.weight > 0.0 && std::isfinite(src.weight),
+                 re.key("weight") + " must be a number > 0 (got " +
+                     e.value("weight", json()).dump() + ")");
+      c.data.sources.push_back(src);
+    }
+  } else {
+    const std::string path = rd.string(d, "path", "");
+    LOOM_CHECK(!path.empty(), where + ": config key 'data.path' is required");
+    c.data.sources.push_back({path, c.data.format, 1.0});
+  }
   c.data.tokenizer = rd.string(d, "tokenizer", "model");
-  one_of("tokenizer", c.data.tokenizer, {"model", "bytes"});
+  one_of(rd, "tokenizer", c.data.tokenizer, {"model", "bytes"});
   c.data.chat_template = rd.string(d, "template", "auto");
-  one_of("template", c.data.chat_template, {"auto", "chatml", "llama3", "plain"});
+  one_of(rd, "template", c.data.chat_template, {"auto", "chatml", "llama3", "plain"});
   c.data.seq_len = rd.integer(d, "seq_len", 128, 1);
   c.data.shuffle = rd.boolean(d, "shuffle", true);
   c.data.pack = rd.boolean(d, "pack", false);
@@ -235,7 +258,7 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
              rd.key("valid_fraction") + " must be in [0, 1)");
   c.data.valid_path = rd.string(d, "valid_path", "");
   c.data.on_error = rd.string(d, "on_error", "stop");
-  one_of("on_error", c.data.on_error, {"stop", "skip"});
+  one_of(rd, "on_error", c.data.on_error, {"stop", "skip"});
   c.data.cache_dir = rd.string(d, "cache_dir", "");
 
   // Tensor parallelism (Megatron's split of each layer's matrices): tp ranks hold one

@@ -22,10 +22,17 @@
 
 namespace loom::train {
 
-struct DataConfig {
+// One data file and how it is read; several are mixed by weight (data/mixture.h).
+struct DataSource {
   std::string path;
-  std::string format = "auto";      // auto | text | prompt_response | alpaca | sharegpt | messages
-  std::string tokenizer = "model";  // model (the model's own) | bytes (one token per byte)
+  std::string format = "auto";  // auto | text | prompt_response | alpaca | sharegpt | messages
+  double weight = 1.0;
+};
+
+struct DataConfig {
+  std::vector<DataSource> sources;     // data.path: one file, or a list of {path, format, weight}
+  std::string format = "auto";         // the sources' format unless they name their own
+  std::string tokenizer = "model";     // model (the model's own) | bytes (one token per byte)
   std::string chat_template = "auto";  // auto (from the model) | chatml | llama3 | plain
   int64_t seq_len = 128;
   bool shuffle = true;

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "loom/data/conversation.h"
+#include "loom/data/mixture.h"
 #include "loom/io/tokenizer_loader.h"
 #include "loom/util/error.h"
 
@@ -89,12 +90,13 @@ std::vector<data::Conversation> as_conversations(std::vector<std::string> docs) 
 }
 
 // Continued pre-training on documents (data/dataset.h's TokenWindowDataset).
-TrainData text_data(const DataConfig& cfg, const TextCodec& codec, uint64_t seed,
+TrainData text_data(const DataConfig& cfg, const DataSource& src, const std::string& valid_path,
+                    const TextCodec& codec, uint64_t seed,
                     const std::vector<data::Conversation>& train_in,
                     const std::vector<data::Conversation>& valid_in, const data::ReadStats& rs) {
   std::vector<data::Conversation> train = as_conversations(documents(train_in, codec.eos_text));
   std::vector<data::Conversation> valid = as_conversations(documents(valid_in, codec.eos_text));
-  if (cfg.valid_path.empty()) data::split_validation(train, valid, cfg.valid_fraction, seed);
+  if (valid_path.empty()) data::split_validation(train, valid, cfg.valid_fraction, seed);
   const auto windows = [&](const std::vector<data::Conversation>& docs, const std::string& what) {
     std::vector<std::string> text;
     for (const auto& d : docs) text.push_back(d.messages[0].content);
@@ -102,41 +104,51 @@ TrainData text_data(const DataConfig& cfg, const TextCodec& codec, uint64_t seed
                                                       cfg.seq_len, cfg.pack, what);
   };
   TrainData out;
-  auto tw = windows(train, cfg.path);
+  auto tw = windows(train, src.path);
+  SourceStats& s = out.sources.emplace_back();
+  s.path = src.path;
+  s.format = "text";
+  s.records = rs.records;
+  s.skipped = rs.skipped;
+  s.rows = tw->size();
+  s.documents = tw->num_documents();
+  s.tokens = tw->num_tokens();
+  s.target_tokens = std::max<int64_t>(s.tokens - 1, 0);
   std::ostringstream sum;
-  sum << cfg.path << ": text, " << rs.records << (rs.records == 1 ? " record" : " records");
+  sum << src.path << ": text, " << rs.records << (rs.records == 1 ? " record" : " records");
   if (rs.skipped) sum << " (" << rs.skipped << " malformed, skipped)";
   sum << ", " << tw->num_documents() << " documents, " << tw->num_tokens() << " tokens; "
       << tw->size() << " windows of " << cfg.seq_len
       << (cfg.pack ? " (packed: attention and loss inside each document)" : "");
   out.train = std::move(tw);
   if (!valid.empty()) {
-    out.valid = windows(valid, cfg.valid_path.empty() ? cfg.path : cfg.valid_path);
+    out.valid = windows(valid, valid_path.empty() ? src.path : valid_path);
+    s.valid_rows = out.valid->size();
     sum << "; validation " << valid.size() << " documents, " << out.valid->size() << " windows";
   }
-  out.summary = sum.str();
-  for (const auto& e : rs.first_errors) out.summary += "\n  skipped: " + e;
+  s.summary = sum.str();
+  for (const auto& e : rs.first_errors) s.summary += "\n  skipped: " + e;
   return out;
 }
 
-}  // namespace
-
-TrainData build_train_data(const DataConfig& cfg, const TextCodec& codec, uint64_t seed) {
+// One data file: read, its validation split off (or read from valid_path), tokenized.
+TrainData build_source(const DataConfig& cfg, const DataSource& src, const std::string& valid_path,
+                       const TextCodec& codec, uint64_t seed) {
   TrainData out;
   const data::OnError on_error = cfg.on_error == "skip" ? data::OnError::Skip : data::OnError::Stop;
   data::ReadStats rs;
   std::vector<data::Conversation> train =
-      data::read_conversations(cfg.path, cfg.format, on_error, &rs);
+      data::read_conversations(src.path, src.format, on_error, &rs);
   std::vector<data::Conversation> valid;
-  if (!cfg.valid_path.empty()) {
+  if (!valid_path.empty()) {
     data::ReadStats vs;
-    valid = data::read_conversations(cfg.valid_path, cfg.format, on_error, &vs);
+    valid = data::read_conversations(valid_path, src.format, on_error, &vs);
     LOOM_CHECK((vs.format == "text") == (rs.format == "text"),
-               cfg.valid_path + ": config key 'data.valid_path' holds " + vs.format + " but " +
-                   cfg.path + " holds " + rs.format + " (both must be text, or both dialogue)");
+               valid_path + ": config key 'data.valid_path' holds " + vs.format + " but " +
+                   src.path + " holds " + rs.format + " (both must be text, or both dialogue)");
   }
-  if (rs.format == "text") return text_data(cfg, codec, seed, train, valid, rs);
-  if (cfg.valid_path.empty()) data::split_validation(train, valid, cfg.valid_fraction, seed);
+  if (rs.format == "text") return text_data(cfg, src, valid_path, codec, seed, train, valid, rs);
+  if (valid_path.empty()) data::split_validation(train, valid, cfg.valid_fraction, seed);
   data::SftOptions o;
   o.seq_len = cfg.seq_len;
   o.pack = cfg.pack;
@@ -149,7 +161,7 @@ TrainData build_train_data(const DataConfig& cfg, const TextCodec& codec, uint64
   // Everything the rows depend on goes into the cache key.
   const auto key = [&](const std::string& file, const char* part) {
     return std::string("v1|") + part + "|" + std::to_string(data::file_hash(file)) + "|" +
-           std::to_string(data::file_hash(cfg.path)) + "|" + codec.id + "|" +
+           std::to_string(data::file_hash(src.path)) + "|" + rs.format + "|" + codec.id + "|" +
            data::template_name(o.chat_template) + "|" + o.template_options.default_system + "|" +
            o.template_options.eos_text + "|" + std::to_string(cfg.seq_len) + "|" +
            std::to_string(cfg.pack) + "|" + std::to_string(cfg.train_on_prompt) + "|" +
@@ -159,22 +171,81 @@ TrainData build_train_data(const DataConfig& cfg, const TextCodec& codec, uint64
     return cache_dir(cfg) / (std::to_string(std::hash<std::string>{}(k)) + ".rows");
   };
   data::SftStats st, vst;
-  const std::string tk = key(cfg.path, "train");
+  const std::string tk = key(src.path, "train");
   out.train = data::SftDataset::build(train, codec.encode, o, cache_file(tk), tk, &st);
+  SourceStats& s = out.sources.emplace_back();
+  s.path = src.path;
+  s.format = rs.format;
+  s.records = rs.records;
+  s.skipped = rs.skipped;
+  s.rows = st.rows;
+  s.tokens = st.tokens;
+  s.target_tokens = st.target_tokens;
+  s.truncated = st.truncated;
+  s.dropped = st.dropped;
   std::ostringstream sum;
-  sum << cfg.path << ": " << rs.format << ", " << rs.records << " records";
+  sum << src.path << ": " << rs.format << ", " << rs.records << " records";
   if (rs.skipped) sum << " (" << rs.skipped << " malformed, skipped)";
   sum << "; template " << data::template_name(o.chat_template) << "; " << st.rows << " rows of "
       << cfg.seq_len << (cfg.pack ? " (packed)" : "") << ", " << st.target_tokens
       << " target tokens, " << st.truncated << " truncated, " << st.dropped << " dropped"
       << (st.from_cache ? " [cached]" : "");
   if (!valid.empty()) {
-    const std::string vk = key(cfg.valid_path.empty() ? cfg.path : cfg.valid_path, "valid");
+    const std::string vk = key(valid_path.empty() ? src.path : valid_path, "valid");
     out.valid = data::SftDataset::build(valid, codec.encode, o, cache_file(vk), vk, &vst);
+    s.valid_rows = vst.rows;
     sum << "; validation " << vst.rows << " rows";
   }
+  s.summary = sum.str();
+  for (const auto& e : rs.first_errors) s.summary += "\n  skipped: " + e;
+  return out;
+}
+
+}  // namespace
+
+TrainData build_train_data(const DataConfig& cfg, const TextCodec& codec, uint64_t seed) {
+  LOOM_CHECK(!cfg.sources.empty(), "config key 'data.path' is required");
+  if (cfg.sources.size() == 1) {
+    TrainData out = build_source(cfg, cfg.sources[0], cfg.valid_path, codec, seed);
+    out.sources[0].share = 1.0;
+    out.summary = out.sources[0].summary;
+    return out;
+  }
+  // A mixture: each file on its own (its own validation split), blended by weight.
+  TrainData out;
+  std::vector<std::unique_ptr<data::Dataset>> train, valid;
+  std::vector<double> weights, valid_weights;
+  double total = 0;
+  for (const DataSource& src : cfg.sources) total += src.weight;
+  std::ostringstream sum;
+  sum << "mixture of " << cfg.sources.size() << " datasets, sampled by weight:";
+  for (size_t i = 0; i < cfg.sources.size(); ++i) {
+    const DataSource& src = cfg.sources[i];
+    TrainData d = build_source(cfg, src, "", codec, seed);
+    SourceStats s = d.sources.at(0);
+    s.share = src.weight / total;
+    char share[32];
+    std::snprintf(share, sizeof share, "%.1f%%", 100.0 * s.share);
+    sum << "\n  [" << i << "] weight " << src.weight << ", share " << share << ", " << s.summary;
+    out.sources.push_back(s);
+    train.push_back(std::move(d.train));
+    weights.push_back(src.weight);
+    if (d.valid) {
+      valid_weights.push_back(static_cast<double>(d.valid->size()));
+      valid.push_back(std::move(d.valid));
+    }
+  }
+  out.train = std::make_unique<data::MixtureDataset>(std::move(train), weights);
+  if (!cfg.valid_path.empty()) {
+    DataConfig vc = cfg;
+    vc.valid_fraction = 0.0;
+    TrainData v = build_source(vc, {cfg.valid_path, cfg.format, 1.0}, "", codec, seed);
+    out.valid = std::move(v.train);
+    sum << "\n  validation " << v.sources.at(0).summary;
+  } else if (!valid.empty()) {  // every held-out row of every dataset, one after another
+    out.valid = std::make_unique<data::MixtureDataset>(std::move(valid), valid_weights);
+  }
   out.summary = sum.str();
-  for (const auto& e : rs.first_errors) out.summary += "\n  skipped: " + e;
   return out;
 }
 

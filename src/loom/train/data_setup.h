@@ -2,7 +2,8 @@
 // A TextCodec says how text becomes tokens for this run (the model's tokenizer, or bytes)
 // and which chat template the model expects; build_train_data reads the file (text, or one
 // of the dialogue formats), splits off validation, tokenizes (through the on-disk cache)
-// and returns the datasets with a one-line summary for the log.
+// and returns the datasets with a summary for the log. Several files (data.path as a list)
+// become a data::MixtureDataset blended by weight; their validation rows are concatenated.
 #pragma once
 
 #include <functional>
@@ -35,8 +36,20 @@ TextCodec bytes_codec();
 TextCodec model_codec(const nlohmann::json& model_cfg);
 TextCodec codec_for(const io::ModelTokenizer& mt);
 
+// What one data file gave (for the log and `loom data`).
+struct SourceStats {
+  std::string path, format;          // format: the one used (after auto)
+  double share = 1.0;                // of the training samples (its weight over the weights' sum)
+  int64_t records = 0, skipped = 0;  // read, and malformed ones skipped (on_error skip)
+  int64_t documents = 0;             // text only: documents after splitting at EOS
+  int64_t rows = 0, valid_rows = 0;  // training and validation samples of seq_len
+  int64_t tokens = 0, target_tokens = 0, truncated = 0, dropped = 0;
+  std::string summary;  // one line (and the first skipped records' errors)
+};
+
 struct TrainData {
   std::unique_ptr<data::Dataset> train, valid;  // valid may be null
+  std::vector<SourceStats> sources;             // one per data file, in config order
   std::string summary;
 };
 
