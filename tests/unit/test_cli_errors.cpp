@@ -208,6 +208,35 @@ TEST_F(CliErrors, MissingDataFile) {
                  "/nonexistent/data.txt");
 }
 
+// `loom data`: the report of a mixture on stdout, exit 0, nothing written; a bad entry of
+// the list exits 1 naming it.
+TEST_F(CliErrors, DataReportAndBadMixtureEntries) {
+  write(tmp.path / "a.jsonl", "{\"text\": \"some text to train on\"}\n");
+  write(tmp.path / "b.jsonl", "{\"prompt\": \"q\", \"response\": \"an answer\"}\n");
+  const auto cfg = [&](const std::string& weight) {
+    const fs::path p = tmp.path / "mix.json";
+    write(p,
+          "{\"model\": {\"arch\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 8, \"n_head\": 2}, "
+          "\"data\": {\"path\": [{\"path\": \"" +
+              (tmp.path / "a.jsonl").string() + "\", \"weight\": 3}, {\"path\": \"" +
+              (tmp.path / "b.jsonl").string() + "\", \"weight\": " + weight +
+              "}], \"seq_len\": 8, \"tokenizer\": \"bytes\", "
+              "\"template\": \"plain\", \"cache_dir\": \"" +
+              (tmp.path / "cache").string() + "\"}, \"output_dir\": \"" + out().string() + "\"}");
+    return p.string();
+  };
+  const Result r = run("data " + cfg("1") + " --samples 1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  for (const char* want :
+       {"a.jsonl: text, 75.0% of the samples", "b.jsonl: prompt_response, 25.0%", "--- row 0"})
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << " in\n" << r.output;
+  EXPECT_FALSE(fs::exists(out()));
+  expect_failure(run("data " + cfg("0")), "config key 'data.path[1].weight' must be a number > 0");
+  expect_failure(run("train " + cfg("-2")),
+                 "config key 'data.path[1].weight' must be a number > 0");
+  EXPECT_EQ(run("data " + cfg("1") + " --samples -1").code, 2);
+}
+
 TEST_F(CliErrors, TruncatedSafetensors) {
   fs::path dir = model_folder();
   fs::path st = dir / "model.safetensors";

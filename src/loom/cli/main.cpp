@@ -35,6 +35,7 @@
 #include "loom/nn/weight_ops.h"
 #include "loom/train/chat_session.h"
 #include "loom/train/config.h"
+#include "loom/train/data_report.h"
 #include "loom/train/plan.h"
 #include "loom/train/trainer.h"
 #include "loom/train/verify.h"
@@ -48,6 +49,9 @@ constexpr const char* kUsage =
     "  loom train CONFIG.json [--set key.path=value ...] [--trace FILE]\n"
     "     (--trace: every rank's passes and communication as one Chrome trace, for Perfetto)\n"
     "  loom launch -n N [--hostfile FILE] -- train CONFIG.json ...   (N ranks via mpirun)\n"
+    "  loom data CONFIG.json [--samples K] [--set ...]   (what the run would train on, per\n"
+    "     file: records, rows, tokens, truncated/dropped, loss share, K rows with the loss\n"
+    "     marked; no training)\n"
     "  loom plan CONFIG.json --world N [--set ...]   (memory per rank: ZeRO stages 0-3,\n"
     "     pipeline stages)\n"
     "  loom plan CONFIG.json --world N --memory-per-rank GIB   (the layouts that fit, fastest\n"
@@ -157,6 +161,22 @@ int cmd_train(const Args& a) {
     trainer.run();
     return 0;
   });
+}
+
+// loom data CONFIG [--samples K]: the run's data as it would train on it (train/data_report.h).
+int cmd_data(const Args& a) {
+  a.only({"--set", "--samples"});
+  if (a.positional.size() != 1) throw UsageError("data takes one CONFIG.json");
+  std::vector<std::string> sets;
+  for (auto& [k, v] : a.flags)
+    if (k == "--set") sets.push_back(v);
+  const int64_t samples = a.get("--samples") ? to_int(*a.get("--samples"), "--samples") : 3;
+  if (samples < 0) throw UsageError("--samples must be >= 0");
+  const loom::train::TrainConfig cfg = loom::train::load_config(a.positional[0], sets, 1);
+  const std::string report = loom::train::describe_data(
+      cfg, loom::train::data_codec(cfg.data, cfg.model), static_cast<int>(samples));
+  std::fwrite(report.data(), 1, report.size(), stdout);
+  return 0;
 }
 
 // loom verify CONFIG [--steps K] [--rtol R] [--set ...], under mpirun: the job's layout
@@ -418,6 +438,7 @@ int main(int argc, char** argv) {
     if (cmd == "export") return cmd_export(a);
     if (cmd == "plan") return cmd_plan(a);
     if (cmd == "verify") return cmd_verify(a);
+    if (cmd == "data") return cmd_data(a);
     throw UsageError("unknown command '" + cmd + "'");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "loom: %s\n%s", e.what(), kUsage);

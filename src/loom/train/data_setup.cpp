@@ -54,6 +54,10 @@ TextCodec codec_for(const io::ModelTokenizer& mt) {
   return c;
 }
 
+TextCodec data_codec(const DataConfig& data, const nlohmann::json& model_cfg) {
+  return data.tokenizer == "bytes" ? bytes_codec() : model_codec(model_cfg);
+}
+
 namespace {
 
 fs::path cache_dir(const DataConfig& cfg) {

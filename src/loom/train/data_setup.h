@@ -35,6 +35,8 @@ TextCodec bytes_codec();
 // tokenizer in its GGUF file).
 TextCodec model_codec(const nlohmann::json& model_cfg);
 TextCodec codec_for(const io::ModelTokenizer& mt);
+// The codec a run's data is tokenized with (data.tokenizer): bytes, or the model's own.
+TextCodec data_codec(const DataConfig& data, const nlohmann::json& model_cfg);
 
 // What one data file gave (for the log and `loom data`).
 struct SourceStats {

@@ -190,16 +190,10 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
     nn::hold_frozen_in_half(model_->params(), *cfg_.zero.half,
                             [&](const nn::Parameter& p) { return model_->unit_of(p.name); });
   if (!data_) {
-    TextCodec codec;
-    if (cfg.data.tokenizer == "bytes") {
-      LOOM_CHECK(model_->vocab_size() >= 256,
-                 "data.tokenizer 'bytes' needs a vocabulary of at least 256, the model has " +
-                     std::to_string(model_->vocab_size()));
-      codec = bytes_codec();
-    } else {
-      codec = model_codec(cfg.model);
-    }
-    TrainData td = build_train_data(cfg.data, codec, cfg.seed);
+    LOOM_CHECK(cfg.data.tokenizer != "bytes" || model_->vocab_size() >= 256,
+               "data.tokenizer 'bytes' needs a vocabulary of at least 256, the model has " +
+                   std::to_string(model_->vocab_size()));
+    TrainData td = build_train_data(cfg.data, data_codec(cfg.data, cfg.model), cfg.seed);
     data_ = std::move(td.train);
     valid_ = std::move(td.valid);
     data_summary_ = td.summary;
