@@ -2,6 +2,10 @@
 // By default only what the assistant says (its content and the template's end-of-turn
 // marker) is trained on, as in HF TRL's assistant-only loss.
 //   chatml : <|im_start|>{role}\n{content}<|im_end|>\n         (SmolLM2, Qwen)
+//   qwen2.5: chatml, and tools as Qwen2.5's template renders them: the schemas in the system
+//            turn, each call as <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
+//            in the assistant's turn (trained on), results as <tool_response> blocks in a
+//            user turn (not trained on). Any model can be fine-tuned for tools with it.
 //   llama3 : <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>
 //   plain  : {user}\n{assistant}{eos}                           (GPT-2: no chat markup)
 #pragma once
@@ -13,7 +17,7 @@
 
 namespace loom::data {
 
-enum class ChatTemplate { ChatML, Llama3, Plain };
+enum class ChatTemplate { ChatML, Qwen25, Llama3, Plain };
 
 struct TemplateOptions {
   std::string default_system;  // inserted when a conversation has no system message
@@ -26,10 +30,12 @@ struct Segment {
   bool train;
 };
 
-ChatTemplate parse_template_name(const std::string& name);  // chatml | llama3 | plain
+ChatTemplate parse_template_name(const std::string& name);  // chatml|qwen2.5|llama3|plain
 const char* template_name(ChatTemplate t);
+bool renders_tools(ChatTemplate t);  // can render tools, calls and results
 
-// Guesses the template from a model's Jinja chat_template string (empty: plain), and the
+// Guesses the template from a model's Jinja chat_template string (empty: plain; ChatML with
+// <tool_call> is qwen2.5), and the
 // default system prompt it inserts when there is none (e.g. SmolLM2's, Qwen's).
 ChatTemplate template_from_jinja(const std::string& jinja, std::string* default_system);
 

@@ -9,7 +9,7 @@
 namespace loom::data {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
+using json = nlohmann::ordered_json;  // keys keep their order: tools and arguments are rendered
 
 namespace {
 
@@ -21,6 +21,73 @@ const std::string& str_field(const json& r, const char* key, bool required,
   }
   if (!r[key].is_string()) throw Error(std::string("field '") + key + "' must be a string");
   return r[key].get_ref<const std::string&>();
+}
+
+// JSON text as Python's json.dumps(x, ensure_ascii=False) writes it (what chat templates'
+// `tojson` gives): ", " and ": " separators; scalars as nlohmann writes them, which agree.
+std::string py_dumps(const json& j) {
+  std::string out;
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it)
+      out += (out.empty() ? "" : ", ") + json(it.key()).dump() + ": " + py_dumps(it.value());
+    return "{" + out + "}";
+  }
+  if (j.is_array()) {
+    for (const json& v : j) out += (out.empty() ? "" : ", ") + py_dumps(v);
+    return "[" + out + "]";
+  }
+  return j.dump();
+}
+
+// A value that may be given as JSON or as JSON text (a string holding it).
+json as_json(const json& v, const std::string& what) {
+  if (!v.is_string()) return v;
+  try {
+    return json::parse(v.get_ref<const std::string&>());
+  } catch (const json::exception& e) {
+    throw Error(what + " is not valid JSON: " + e.what());
+  }
+}
+
+// One call: {"name", "arguments"} or OpenAI's {"type": "function", "function": {...}}.
+ToolCall tool_call(const json& c) {
+  const json& f = c.is_object() && c.contains("function") ? c["function"] : c;
+  if (!f.is_object() || !f.contains("name") || !f["name"].is_string())
+    throw Error("a tool call must be an object with a string 'name'");
+  json args = f.contains("arguments")
+                  ? as_json(f["arguments"],
+                            "the arguments of tool call '" + f["name"].get<std::string>() + "'")
+                  : json::object();
+  if (!args.is_object())
+    throw Error("the arguments of tool call '" + f["name"].get<std::string>() +
+                "' must be a JSON object");
+  return {f["name"].get<std::string>(), py_dumps(args)};
+}
+
+std::vector<ToolCall> tool_calls(const json& v) {
+  const json calls = as_json(v, "a function_call's value");
+  std::vector<ToolCall> out;
+  if (calls.is_array()) {
+    for (const json& c : calls) out.push_back(tool_call(c));
+  } else {
+    out.push_back(tool_call(calls));
+  }
+  if (out.empty()) throw Error("an empty list of tool calls");
+  return out;
+}
+
+// "tools": function schemas, each wrapped as transformers expects when it has no "type".
+std::vector<std::string> tools(const json& r) {
+  if (!r.contains("tools") || r["tools"].is_null()) return {};
+  if (r["tools"].is_string() && r["tools"].get_ref<const std::string&>().empty()) return {};
+  const json list = as_json(r["tools"], "field 'tools'");
+  if (!list.is_array()) throw Error("field 'tools' must be a list of function schemas");
+  std::vector<std::string> out;
+  for (const json& t : list) {
+    if (!t.is_object()) throw Error("each entry of 'tools' must be a JSON object");
+    out.push_back(py_dumps(t.contains("type") ? t : json{{"type", "function"}, {"function", t}}));
+  }
+  return out;
 }
 
 std::string detect(const json& r) {
@@ -80,14 +147,29 @@ Conversation convert(const json& r, const std::string& format) {
     }
     if (!r.contains(list) || !r[list].is_array() || r[list].empty())
       throw Error(std::string("field '") + list + "' must be a non-empty list");
+    c.tools = tools(r);
     for (const auto& m : r[list]) {
       if (!m.is_object()) throw Error(std::string("entries of '") + list + "' must be objects");
       std::string role = str_field(m, rk, true, none);
       if (role == "human") role = "user";
       if (role == "gpt") role = "assistant";
-      if (role != "system" && role != "user" && role != "assistant")
+      if (role == "observation" || role == "function") role = "tool";
+      if (sg && role == "function_call") {
+        if (!m.contains(ck)) throw Error("a function_call entry needs '" + std::string(ck) + "'");
+        c.messages.push_back({"assistant", "", tool_calls(m[ck])});
+        continue;
+      }
+      if (role != "system" && role != "user" && role != "assistant" && role != "tool")
         throw Error("unknown role '" + role + "'");
-      add(role, str_field(m, ck, true, none));
+      Message msg{role, ""};
+      if (!sg && role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+        if (!m["tool_calls"].is_array()) throw Error("field 'tool_calls' must be a list of calls");
+        for (const json& tc : m["tool_calls"]) msg.tool_calls.push_back(tool_call(tc));
+        msg.content = str_field(m, ck, false, none);  // content may be null beside calls
+      } else {
+        msg.content = str_field(m, ck, true, none);
+      }
+      c.messages.push_back(std::move(msg));
     }
   } else {
     throw Error("unknown data format '" + format + "'");
@@ -106,6 +188,12 @@ size_t line_of(const std::string& text, size_t at) {
 }
 
 }  // namespace
+
+bool uses_tools(const Conversation& c) {
+  bool uses = !c.tools.empty();
+  for (const Message& m : c.messages) uses |= m.role == "tool" || !m.tool_calls.empty();
+  return uses;
+}
 
 std::vector<Conversation> read_conversations(const fs::path& path, const std::string& format_in,
                                              OnError on_error, ReadStats* stats) {

@@ -3,8 +3,16 @@
 // Formats (JSON array or JSONL, detected from the first non-space byte):
 //   prompt_response : {"prompt", "response", optional "system", "history": [[q, a], ...]}
 //   alpaca          : {"instruction", optional "input", "output", optional "system"}
-//   sharegpt        : {"conversations": [{"from": human|user|gpt|assistant|system, "value"}]}
-//   messages        : {"messages": [{"role", "content"}]}   (OpenAI style)
+//   sharegpt        : {"conversations": [{"from": human|user|gpt|assistant|system|
+//                      function_call|observation, "value"}], optional "system", "tools"}
+//                     (LLaMA-Factory's: a function_call's value is {"name", "arguments"} or
+//                     a list of them as JSON text; an observation is the call's result)
+//   messages        : {"messages": [{"role": system|user|assistant|tool, "content",
+//                      "tool_calls": [{"type": "function", "function": {"name",
+//                      "arguments"}}]}], optional "tools"}   (OpenAI style)
+// "tools" is a list of function schemas, or that list as JSON text; a schema without
+// "type" is wrapped as {"type": "function", "function": schema}, as transformers expects.
+// Arguments may be an object or JSON text of one.
 //   text            : {"text", any other keys}, one document per record; or a file that is
 //                     not JSON, read whole as one document
 //   auto            : chosen from the first record's keys (text when the file is not JSON)
@@ -19,14 +27,27 @@
 
 namespace loom::data {
 
+// A function call an assistant message makes; arguments are JSON text (an object), written
+// as Python's json.dumps writes it (", " and ": " separators, keys in their order, UTF-8
+// kept), which is how Hugging Face chat templates render them with `tojson`.
+struct ToolCall {
+  std::string name;
+  std::string arguments;
+};
+
 struct Message {
-  std::string role;
+  std::string role;  // system | user | assistant | tool (a call's result) | text
   std::string content;
+  std::vector<ToolCall> tool_calls{};  // assistant only
 };
 
 struct Conversation {
   std::vector<Message> messages;
+  std::vector<std::string> tools{};  // function schemas offered, each JSON as above
 };
+
+// Does it offer tools, make calls or carry their results?
+bool uses_tools(const Conversation& c);
 
 enum class OnError { Stop, Skip };
 

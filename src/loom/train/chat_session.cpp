@@ -48,7 +48,7 @@ std::string ChatSession::reply(const std::string& user,
     // token, which ChatML follows with a newline.
     const std::string bot = "<|begin_of_text|>";
     if (t == data::ChatTemplate::Llama3 && text.rfind(bot, 0) == 0) text = text.substr(bot.size());
-    if (t == data::ChatTemplate::ChatML) text = "\n" + text;
+    if (t == data::ChatTemplate::ChatML || t == data::ChatTemplate::Qwen25) text = "\n" + text;
   }
   text += data::generation_prompt(t);
   first_turn_ = false;

@@ -38,7 +38,9 @@ TextCodec model_codec(const nlohmann::json& model_cfg) {
              "config key 'data.tokenizer': \"model\" needs a model loaded from "
              "a folder or GGUF file (a model built from sizes has no tokenizer; "
              "use \"bytes\")");
-  return codec_for(io::load_tokenizer(path));
+  TextCodec c = codec_for(io::load_tokenizer(path));
+  c.source = path;
+  return c;
 }
 
 TextCodec codec_for(const io::ModelTokenizer& mt) {
@@ -162,6 +164,16 @@ TrainData build_source(const DataConfig& cfg, const DataSource& src, const std::
   o.template_options.eos_text = codec.eos_text;
   o.template_options.train_on_prompt = cfg.train_on_prompt;
   o.pad_id = codec.pad_id;
+  for (const data::Conversation& c : train) {
+    if (!data::uses_tools(c) || data::renders_tools(o.chat_template)) continue;
+    throw Error(
+        src.path + ": conversations with tools or tool calls, and the chat template " +
+        data::template_name(o.chat_template) +
+        (cfg.chat_template == "auto"
+             ? " (" + (codec.source.empty() ? "bytes" : "the model's, from " + codec.source) + ")"
+             : std::string()) +
+        " cannot render them: set data.template to one that can (qwen2.5)");
+  }
   // Everything the rows depend on goes into the cache key.
   const auto key = [&](const std::string& file, const char* part) {
     return std::string("v1|") + part + "|" + std::to_string(data::file_hash(file)) + "|" +

@@ -26,6 +26,7 @@ struct TextCodec {
   int32_t eos_id = -1, pad_id = 0;
   std::string eos_text;  // text that encodes to eos (plain template's end of sample)
   std::string id;        // identifies the tokenizer in cache keys
+  std::string source;    // where the tokenizer and chat template came from (for errors)
   data::ChatTemplate chat_template = data::ChatTemplate::Plain;
   std::string default_system;
 };
