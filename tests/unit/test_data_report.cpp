@@ -39,6 +39,12 @@ TEST(DataReport, RowsShowTheTrainedTextOnly) {
   const train::TrainData d = train::build_train_data(c, codec, 1);
   // "abc\n\nde\n\n": "a" starts the row (no position predicts it), "d" follows an EOS.
   EXPECT_EQ(train::render_row(*d.train, 0, codec), "a" + marked("bc\n\n") + "d" + marked("e\n\n"));
+  // A mark never splits a UTF-8 character: "文" is 3 bytes, the first untrained.
+  std::ofstream(dir.path / "u.jsonl") << "{\"text\": \"文a\"}\n";
+  c.sources = {{(dir.path / "u.jsonl").string(), "auto", 1.0}};
+  c.seq_len = 4;
+  EXPECT_EQ(train::render_row(*train::build_train_data(c, codec, 1).train, 0, codec),
+            "文" + marked("a\n"));
 }
 
 TEST(DataReport, CountsPerFileOfAMixture) {
@@ -55,10 +61,10 @@ TEST(DataReport, CountsPerFileOfAMixture) {
   cfg.data.chat_template = "plain";
   cfg.data.cache_dir = (dir.path / "cache").string();
   const std::string r = train::describe_data(cfg, train::bytes_codec(), 1);
-  for (const char* want :
-       {"data: 2 files, seq_len 8", "a.jsonl: text, 75.0% of the samples",
-        "records 2 (1 malformed, skipped), documents 2", "b.json: prompt_response, 25.0%",
-        "tokens 24; training rows 2", "loss on 16 of 16 row positions (100.0%)"})
+  for (const char* want : {"data: 2 files, seq_len 8", "a.jsonl: text, 75.0% of the samples",
+                           "records 2 (1 malformed, skipped), documents 2 (+0 held out)",
+                           "b.json: prompt_response, 25.0%", "tokens 24; training rows 2",
+                           "loss on 16 of 16 row positions (100.0%)"})
     EXPECT_NE(r.find(want), std::string::npos) << "missing '" << want << "' in\n" << r;
   // b.json: rows "q1\nanswer one" + EOS "\n\n" (15 bytes, 14 positions, truncated to 8+1)
   // and the same for q2: loss on "answer o" less the 2 prompt positions, per row.

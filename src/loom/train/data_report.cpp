@@ -23,15 +23,24 @@ std::string render_row(const data::Dataset& ds, int64_t index, const TextCodec& 
   }
   size_t end = tokens.size();
   while (end > 1 && !trained[end - 1] && tokens[end - 1] == codec.pad_id) --end;
-  std::string out;
+  // Runs of trained / untrained tokens as text. A token boundary may fall inside a UTF-8
+  // character (bytes, byte-level BPE): such continuation bytes move to the run before, so
+  // the marks never split a character.
+  std::vector<std::pair<std::string, bool>> runs;
   for (size_t j = 0; j < end;) {
     size_t k = j;
     while (k < end && trained[k] == trained[j]) ++k;
-    const std::string text =
-        codec.decode(std::vector<int32_t>(tokens.begin() + j, tokens.begin() + k));
-    out += trained[j] ? kTrainOpen + text + kTrainClose : text;
+    std::string text = codec.decode(std::vector<int32_t>(tokens.begin() + j, tokens.begin() + k));
+    size_t cont = 0;
+    while (!runs.empty() && cont < text.size() &&
+           (static_cast<unsigned char>(text[cont]) & 0xC0) == 0x80)
+      ++cont;
+    if (cont > 0) runs.back().first += text.substr(0, cont);
+    runs.emplace_back(text.substr(cont), trained[j]);
     j = k;
   }
+  std::string out;
+  for (const auto& [text, t] : runs) out += t ? kTrainOpen + text + kTrainClose : text;
   if (end < tokens.size()) out += " (+" + std::to_string(tokens.size() - end) + " padding)";
   return out;
 }
@@ -57,7 +66,8 @@ std::string describe_data(const TrainConfig& cfg, const TextCodec& codec, int sa
     std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * s.share);
     o << "\n[" << i << "] " << s.path << ": " << s.format << ", " << buf << " of the samples\n";
     o << "  records " << s.records << " (" << s.skipped << " malformed, skipped)";
-    if (s.format == "text") o << ", documents " << s.documents;
+    if (s.format == "text")
+      o << ", documents " << s.documents << " (+" << s.valid_documents << " held out)";
     o << "; truncated " << s.truncated << ", dropped " << s.dropped << "\n";
     o << "  tokens " << s.tokens << "; training rows " << s.rows << ", validation rows "
       << s.valid_rows << "\n";

@@ -130,6 +130,7 @@ TrainData text_data(const DataConfig& cfg, const DataSource& src, const std::str
   if (!valid.empty()) {
     out.valid = windows(valid, valid_path.empty() ? src.path : valid_path);
     s.valid_rows = out.valid->size();
+    s.valid_documents = static_cast<int64_t>(valid.size());
     sum << "; validation " << valid.size() << " documents, " << out.valid->size() << " windows";
   }
   s.summary = sum.str();

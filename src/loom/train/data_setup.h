@@ -44,8 +44,8 @@ struct SourceStats {
   std::string path, format;          // format: the one used (after auto)
   double share = 1.0;                // of the training samples (its weight over the weights' sum)
   int64_t records = 0, skipped = 0;  // read, and malformed ones skipped (on_error skip)
-  int64_t documents = 0;             // text only: documents after splitting at EOS
-  int64_t rows = 0, valid_rows = 0;  // training and validation samples of seq_len
+  int64_t documents = 0, valid_documents = 0;  // text: after splitting at EOS
+  int64_t rows = 0, valid_rows = 0;            // training and validation samples of seq_len
   int64_t tokens = 0, target_tokens = 0, truncated = 0, dropped = 0;
   std::string summary;  // one line (and the first skipped records' errors)
 };
