@@ -14,7 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         loom::data::TemplateOptions o{"sys", "<eos>", false};
         for (const auto& c : convs)
           for (auto t : {loom::data::ChatTemplate::ChatML, loom::data::ChatTemplate::Qwen25,
-                         loom::data::ChatTemplate::Llama3, loom::data::ChatTemplate::Plain})
+                         loom::data::ChatTemplate::Llama3, loom::data::ChatTemplate::Llama31,
+                         loom::data::ChatTemplate::Plain})
             loom::data::render_chat(t, c, o);
       } catch (const loom::Error&) {
       }

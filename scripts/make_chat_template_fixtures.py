@@ -12,6 +12,11 @@ What it writes, in tests/fixtures/chat_templates/ (files overwritten):
       whose arguments are objects, role "tool", and a "tools" list of function schemas)
   qwen2.5_tools_expected.json   what transformers' apply_chat_template(messages, tools=tools,
       tokenize=False) renders for each conversation with that template
+  llama3.1_tools_tokenizer_config.json, llama3.1_tools_expected.json   the same for a
+      template with Llama 3.1's tool format (system turn with "Environment: ipython" and the
+      knowledge/today dates, the schemas as json indent 4 in the first user turn, a call as
+      {"name", "parameters"}, results in ipython turns as JSON), on the conversations with at
+      most one call per assistant turn (LLAMA31_CONVERSATIONS); tokenizer llama3_style.json
 
 Run with the reference environment (scripts/ref_venv.sh):
   ~/.cache/loom/ref-venv/bin/python scripts/make_chat_template_fixtures.py
@@ -57,6 +62,35 @@ JINJA = r"""{%- set default_system = 'You are a helpful assistant.' -%}
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"""
 
 
+LLAMA31_JINJA = r"""{{- bos_token -}}
+{%- set knowledge = 'Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n' -%}
+{%- if messages[0].role == 'system' -%}
+{%- set system = messages[0].content | trim -%}{%- set rest = messages[1:] -%}
+{%- else -%}
+{%- set system = '' -%}{%- set rest = messages -%}
+{%- endif -%}
+{{- '<|start_header_id|>system<|end_header_id|>\n\n' -}}
+{%- if tools -%}{{- 'Environment: ipython\n' -}}{%- endif -%}
+{{- knowledge + system + '<|eot_id|>' -}}
+{%- if tools -%}
+{{- '<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a function call with its proper arguments that best answers the given prompt.\n\nRespond in the format {"name": function name, "parameters": dictionary of argument name and its value}.Do not use variables.\n\n' -}}
+{%- for t in tools -%}{{- (t | tojson(indent=4)) + '\n\n' -}}{%- endfor -%}
+{{- (rest[0].content | trim) + '<|eot_id|>' -}}
+{%- set rest = rest[1:] -%}
+{%- endif -%}
+{%- for m in rest -%}
+{%- if m.role == 'tool' -%}
+{{- '<|start_header_id|>ipython<|end_header_id|>\n\n' + (m.content | tojson) + '<|eot_id|>' -}}
+{%- elif m.tool_calls -%}
+{%- set f = m.tool_calls[0].function -%}
+{{- '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "' + f.name + '", "parameters": ' + (f.arguments | tojson) + '}<|eot_id|>' -}}
+{%- else -%}
+{{- '<|start_header_id|>' + m.role + '<|end_header_id|>\n\n' + (m.content | trim) + '<|eot_id|>' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}{%- endif -%}"""
+
+
 def fn(name, description, properties, required):
     return {"type": "function", "function": {
         "name": name, "description": description,
@@ -99,21 +133,45 @@ CONVERSATIONS = [
 ]
 
 
-def main():
+# Llama 3.1 renders one call per assistant turn: conversations 0 and 2, and one more.
+LLAMA31_CONVERSATIONS = [CONVERSATIONS[0], CONVERSATIONS[2], {"tools": [CONVERT], "messages": [
+    {"role": "user", "content": "  Convert 5 GBP to USD, please.  "},
+    {"role": "assistant", "content": None,
+     "tool_calls": [call("convert_currency", {"amount": 5, "from": "GBP", "to": "USD"})]},
+    {"role": "tool", "content": "6.3"},
+    {"role": "assistant", "content": "5 GBP is 6.3 USD."},
+    {"role": "user", "content": "And back?"},
+    {"role": "assistant", "content": "6.3 USD is 5 GBP."}]}]
+
+
+def render(tokenizer_file, jinja, conversations, **special):
     from transformers import PreTrainedTokenizerFast
 
+    tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_file, **special)
+    tok.chat_template = jinja
+    return [tok.apply_chat_template(c["messages"], tools=c.get("tools"), tokenize=False)
+            for c in conversations]
+
+
+def main():
     os.makedirs(OUT, exist_ok=True)
     config = {"chat_template": JINJA, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
     with open(os.path.join(OUT, "qwen2.5_tools_tokenizer_config.json"), "w") as f:
         json.dump(config, f, ensure_ascii=False, indent=1)
     with open(os.path.join(OUT, "tool_conversations.json"), "w") as f:
         json.dump(CONVERSATIONS, f, ensure_ascii=False, indent=1)
-    tok = PreTrainedTokenizerFast(tokenizer_file=TOKENIZER)
-    tok.chat_template = JINJA
-    expected = [tok.apply_chat_template(c["messages"], tools=c.get("tools"), tokenize=False)
-                for c in CONVERSATIONS]
+    expected = render(TOKENIZER, JINJA, CONVERSATIONS)
     with open(os.path.join(OUT, "qwen2.5_tools_expected.json"), "w") as f:
         json.dump(expected, f, ensure_ascii=False, indent=1)
+    llama = {"chat_template": LLAMA31_JINJA, "bos_token": "<|begin_of_text|>",
+             "eos_token": "<|end_of_text|>"}
+    with open(os.path.join(OUT, "llama3.1_tools_tokenizer_config.json"), "w") as f:
+        json.dump(llama, f, ensure_ascii=False, indent=1)
+    llama_expected = render(TOKENIZER.replace("gpt2_style", "llama3_style"), LLAMA31_JINJA,
+                            LLAMA31_CONVERSATIONS, bos_token="<|begin_of_text|>")
+    with open(os.path.join(OUT, "llama3.1_tools_expected.json"), "w") as f:
+        json.dump({"conversations": LLAMA31_CONVERSATIONS, "expected": llama_expected}, f,
+                  ensure_ascii=False, indent=1)
     print(f"wrote {len(expected)} renderings to {OUT}")
     return 0
 

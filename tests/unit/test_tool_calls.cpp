@@ -28,14 +28,16 @@ json load(const fs::path& p) {
 
 void write(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
 
-// The fixture tokenizer in a folder with the Qwen2.5-style tokenizer_config.json.
+// A fixture tokenizer in a folder with a tool-capable tokenizer_config.json (Qwen2.5-style
+// on the GPT-2-style tokenizer by default, or Llama 3.1-style on the Llama-3-style one).
 struct ToolModel {
   test::TempDir dir;
   train::TextCodec codec;
-  ToolModel() {
-    fs::copy_file(test::fixture_dir() / "tokenizers" / "gpt2_style.json",
+  explicit ToolModel(const std::string& tokenizer = "gpt2_style",
+                     const std::string& config = "qwen2.5_tools") {
+    fs::copy_file(test::fixture_dir() / "tokenizers" / (tokenizer + ".json"),
                   dir.path / "tokenizer.json");
-    fs::copy_file(fixtures() / "qwen2.5_tools_tokenizer_config.json",
+    fs::copy_file(fixtures() / (config + "_tokenizer_config.json"),
                   dir.path / "tokenizer_config.json");
     codec = train::model_codec(dir.path.string());
   }
@@ -67,6 +69,40 @@ TEST(ToolCalls, Qwen25RenderingEqualsTransformers) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_EQ(render(got[i], m.codec), want[i].get<std::string>()) << "conversation " << i;
+}
+
+TEST(ToolCalls, Llama31RenderingEqualsTransformers) {
+  ToolModel m("llama3_style", "llama3.1_tools");
+  EXPECT_EQ(m.codec.chat_template, data::ChatTemplate::Llama31);
+  const json fx = load(fixtures() / "llama3.1_tools_expected.json");
+  std::string lines;
+  for (const json& c : fx["conversations"]) lines += c.dump() + "\n";
+  write(m.dir.path / "tools.jsonl", lines);
+  const auto got =
+      data::read_conversations(m.dir.path / "tools.jsonl", "messages", data::OnError::Stop);
+  ASSERT_EQ(got.size(), fx["expected"].size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_EQ(render(got[i], m.codec), fx["expected"][i].get<std::string>())
+        << "conversation " << i;
+  // Loss on the call and the answers only.
+  std::string trained;
+  for (const data::Segment& s : data::render_chat(m.codec.chat_template, got[2], {}))
+    if (s.train) trained += s.text;
+  EXPECT_EQ(trained,
+            "{\"name\": \"convert_currency\", \"parameters\": {\"amount\": 5, \"from\": \"GBP\", "
+            "\"to\": \"USD\"}}<|eot_id|>5 GBP is 6.3 USD.<|eot_id|>6.3 USD is 5 GBP.<|eot_id|>");
+  // Two calls in one turn: Llama 3.1's format has no way to say it.
+  const auto two = data::read_conversations(
+      [&] {
+        write(m.dir.path / "two.jsonl",
+              load(fixtures() / "tool_conversations.json")[1].dump() + "\n");
+        return m.dir.path / "two.jsonl";
+      }(),
+      "messages", data::OnError::Stop);
+  EXPECT_NE(test::error_of([&] {
+              data::render_chat(data::ChatTemplate::Llama31, two[0], {});
+            }).find("llama3.1 renders one tool call per assistant turn, this one has 2"),
+            std::string::npos);
 }
 
 TEST(ToolCalls, ShareGptFormRendersTheSame) {
@@ -167,7 +203,7 @@ TEST(ToolCalls, BadCallsAndTemplatesAreNamed) {
                    "template chatml (the model's, from " +
                    m.dir.path.string() +
                    ") cannot render them: set data.template to one "
-                   "that can (qwen2.5)"),
+                   "that can (qwen2.5, llama3.1)"),
             std::string::npos)
       << e;
   c.chat_template = "qwen2.5";  // named: any model can be tuned for tools with it

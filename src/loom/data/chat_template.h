@@ -7,6 +7,9 @@
 //            in the assistant's turn (trained on), results as <tool_response> blocks in a
 //            user turn (not trained on). Any model can be fine-tuned for tools with it.
 //   llama3 : <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>
+//   llama3.1: llama3 with Llama 3.1's system turn (knowledge and today dates) and tools: the
+//            schemas in the first user turn, a call as {"name", "parameters"} in the
+//            assistant's turn (one per turn, trained on), results in ipython turns
 //   plain  : {user}\n{assistant}{eos}                           (GPT-2: no chat markup)
 #pragma once
 
@@ -17,7 +20,7 @@
 
 namespace loom::data {
 
-enum class ChatTemplate { ChatML, Qwen25, Llama3, Plain };
+enum class ChatTemplate { ChatML, Qwen25, Llama3, Llama31, Plain };
 
 struct TemplateOptions {
   std::string default_system;  // inserted when a conversation has no system message
@@ -30,7 +33,8 @@ struct Segment {
   bool train;
 };
 
-ChatTemplate parse_template_name(const std::string& name);  // chatml|qwen2.5|llama3|plain
+// chatml | qwen2.5 | llama3 | llama3.1 | plain
+ChatTemplate parse_template_name(const std::string& name);
 const char* template_name(ChatTemplate t);
 bool renders_tools(ChatTemplate t);  // can render tools, calls and results
 

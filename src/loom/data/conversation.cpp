@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "loom/data/python_json.h"
 #include "loom/util/error.h"
 
 namespace loom::data {
@@ -21,22 +22,6 @@ const std::string& str_field(const json& r, const char* key, bool required,
   }
   if (!r[key].is_string()) throw Error(std::string("field '") + key + "' must be a string");
   return r[key].get_ref<const std::string&>();
-}
-
-// JSON text as Python's json.dumps(x, ensure_ascii=False) writes it (what chat templates'
-// `tojson` gives): ", " and ": " separators; scalars as nlohmann writes them, which agree.
-std::string py_dumps(const json& j) {
-  std::string out;
-  if (j.is_object()) {
-    for (auto it = j.begin(); it != j.end(); ++it)
-      out += (out.empty() ? "" : ", ") + json(it.key()).dump() + ": " + py_dumps(it.value());
-    return "{" + out + "}";
-  }
-  if (j.is_array()) {
-    for (const json& v : j) out += (out.empty() ? "" : ", ") + py_dumps(v);
-    return "[" + out + "]";
-  }
-  return j.dump();
 }
 
 // A value that may be given as JSON or as JSON text (a string holding it).
@@ -61,7 +46,7 @@ ToolCall tool_call(const json& c) {
   if (!args.is_object())
     throw Error("the arguments of tool call '" + f["name"].get<std::string>() +
                 "' must be a JSON object");
-  return {f["name"].get<std::string>(), py_dumps(args)};
+  return {f["name"].get<std::string>(), python_json(args)};
 }
 
 std::vector<ToolCall> tool_calls(const json& v) {
@@ -85,7 +70,8 @@ std::vector<std::string> tools(const json& r) {
   std::vector<std::string> out;
   for (const json& t : list) {
     if (!t.is_object()) throw Error("each entry of 'tools' must be a JSON object");
-    out.push_back(py_dumps(t.contains("type") ? t : json{{"type", "function"}, {"function", t}}));
+    out.push_back(
+        python_json(t.contains("type") ? t : json{{"type", "function"}, {"function", t}}));
   }
   return out;
 }

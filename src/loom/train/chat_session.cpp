@@ -48,6 +48,10 @@ std::string ChatSession::reply(const std::string& user,
     // token, which ChatML follows with a newline.
     const std::string bot = "<|begin_of_text|>";
     if (t == data::ChatTemplate::Llama3 && text.rfind(bot, 0) == 0) text = text.substr(bot.size());
+    if (t == data::ChatTemplate::Llama31) {  // it opens every rendering with its system turn
+      const std::string eot = "<|eot_id|>";
+      text = text.substr(text.find(eot) + eot.size());
+    }
     if (t == data::ChatTemplate::ChatML || t == data::ChatTemplate::Qwen25) text = "\n" + text;
   }
   text += data::generation_prompt(t);

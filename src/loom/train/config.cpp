@@ -248,7 +248,7 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
   c.data.tokenizer = rd.string(d, "tokenizer", "model");
   one_of(rd, "tokenizer", c.data.tokenizer, {"model", "bytes"});
   c.data.chat_template = rd.string(d, "template", "auto");
-  one_of(rd, "template", c.data.chat_template, {"auto", "chatml", "qwen2.5", "llama3", "plain"});
+  one_of(rd, "template", c.data.chat_template, {"auto", "chatml", "qwen2.5", "llama3", "llama3.1", "plain"});
   c.data.seq_len = rd.integer(d, "seq_len", 128, 1);
   c.data.shuffle = rd.boolean(d, "shuffle", true);
   c.data.pack = rd.boolean(d, "pack", false);

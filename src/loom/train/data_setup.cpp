@@ -173,7 +173,7 @@ TrainData build_source(const DataConfig& cfg, const DataSource& src, const std::
         (cfg.chat_template == "auto"
              ? " (" + (codec.source.empty() ? "bytes" : "the model's, from " + codec.source) + ")"
              : std::string()) +
-        " cannot render them: set data.template to one that can (qwen2.5)");
+        " cannot render them: set data.template to one that can (qwen2.5, llama3.1)");
   }
   // Everything the rows depend on goes into the cache key.
   const auto key = [&](const std::string& file, const char* part) {
