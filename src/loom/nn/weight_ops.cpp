@@ -11,10 +11,11 @@
 
 namespace loom::nn {
 
-namespace {
-Tensor half_tensor(const Parameter& p, kernels::Half f) {
-  return Tensor::zeros(p.shape, f == kernels::Half::bf16 ? DType::BF16 : DType::F16);
+Tensor half_zeros(const std::vector<int64_t>& shape, kernels::Half f) {
+  return Tensor::zeros(shape, f == kernels::Half::bf16 ? DType::BF16 : DType::F16);
 }
+
+namespace {
 
 // w's 16-bit copy, converted from its f32 value when stale (allocated again after a ZeRO-3
 // release dropped it).
@@ -23,7 +24,7 @@ const uint16_t* half_weight(const Parameter& w) {
   LOOM_CHECK(!h.gathered || h.data.defined(),
              "internal: " + w.name + "'s gathered 16-bit weight is not in place");
   if (!h.data.defined()) {
-    h.data = half_tensor(w, h.format);
+    h.data = half_zeros(w.shape, h.format);
     h.stale = true;
   }
   if (h.stale && !h.only && !h.gathered) {
@@ -56,8 +57,8 @@ bool takes_half(const Parameter& p) {
 void use_half_weights(ParamStore& ps, kernels::Half format) {
   for (const auto& p : ps.all())
     if (takes_half(*p) && !p->half)
-      p->half = std::make_shared<HalfCopy>(
-          HalfCopy{format, p->value.defined() ? half_tensor(*p, format) : Tensor(), true, false});
+      p->half = std::make_shared<HalfCopy>(HalfCopy{
+          format, p->value.defined() ? half_zeros(p->shape, format) : Tensor(), true, false});
 }
 
 void hold_frozen_in_half(ParamStore& ps, kernels::Half format,
@@ -65,7 +66,8 @@ void hold_frozen_in_half(ParamStore& ps, kernels::Half format,
   bool any = false;
   for (const auto& p : ps.all()) {
     if (p->trainable || !takes_half(*p) || p->held_in_half()) continue;
-    p->half = std::make_shared<HalfCopy>(HalfCopy{format, half_tensor(*p, format), true, false});
+    p->half =
+        std::make_shared<HalfCopy>(HalfCopy{format, half_zeros(p->shape, format), true, false});
     half_weight(*p);  // converted from the f32 value while it exists
     p->half->only = true;
     any = true;

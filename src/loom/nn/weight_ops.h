@@ -37,6 +37,8 @@ void mark_half_stale(const Parameter& p);
 // LoRA in bf16 then takes half the memory; products and lookups read the 16-bit weight.
 void hold_frozen_in_half(ParamStore& ps, kernels::Half format,
                          const std::function<int(const Parameter&)>& group = {});
+// A zero tensor of `shape` in the 16-bit format f (BF16 or F16).
+Tensor half_zeros(const std::vector<int64_t>& shape, kernels::Half f);
 // Row r of a matrix held in 16 bits (w.held_in_half() or with a copy), widened to fp32.
 void half_row(const Parameter& w, int64_t r, float* out);
 

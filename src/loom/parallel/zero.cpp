@@ -110,9 +110,6 @@ struct ZeroEngine::Pending {
 };
 
 namespace {
-Tensor half_zeros(int64_t n, kernels::Half f) {
-  return Tensor::zeros({n}, f == kernels::Half::bf16 ? DType::BF16 : DType::F16);
-}
 uint16_t* bits(const Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
 
 // The parts of a unit's small parameters (Unit::small_runs) inside the piece [lo, hi):
@@ -224,7 +221,8 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
       for (nn::Parameter* p : u.params) {
         const int64_t at = static_cast<int64_t>(p->grad_offset) - u.start, n = p->value.numel();
         if (nn::takes_half(*p)) {
-          if (!u.half.defined()) u.half = half_zeros(part_.piece[i] * part_.world, *cfg_.half);
+          if (!u.half.defined())
+            u.half = nn::half_zeros({part_.piece[i] * part_.world}, *cfg_.half);
           kernels::to_half(*cfg_.half, p->value.f32(), bits(u.half) + at, n);
         } else {
           u.small_runs.push_back({at, n, small});
@@ -506,7 +504,7 @@ void ZeroEngine::grads_ready(int unit) {
       auto p = std::make_unique<Pending>();
       p->units = b;
       if (cfg_.comm) {
-        p->wire = half_zeros(n, *cfg_.comm);
+        p->wire = nn::half_zeros({n}, *cfg_.comm);
         kernels::to_half(*cfg_.comm, g, bits(p->wire), n);
         p->out = g;
         p->req = comm_.iall_reduce_sum(*cfg_.comm, bits(p->wire), n);
@@ -537,10 +535,10 @@ void ZeroEngine::launch_reduce(int unit) {
     send = u.grad.f32();  // allocated padded in acquire()
   }
   if (cfg_.comm) {
-    p->wire = half_zeros(c * part_.world, *cfg_.comm);
+    p->wire = nn::half_zeros({c * part_.world}, *cfg_.comm);
     kernels::to_half(*cfg_.comm, send, bits(p->wire), c * part_.world);
     p->staged = Tensor();
-    p->wire_piece = half_zeros(c, *cfg_.comm);
+    p->wire_piece = nn::half_zeros({c}, *cfg_.comm);
     p->req = comm_.ireduce_scatter_sum(*cfg_.comm, bits(p->wire), bits(p->wire_piece), c);
   } else {
     p->req = comm_.ireduce_scatter_sum(send, p->piece.f32(), c);
