@@ -41,6 +41,20 @@ seed("dataset", "sharegpt.jsonl", json.dumps({"conversations": [{"from": "human"
 seed("dataset", "messages.jsonl", json.dumps({"messages": [{"role": "user", "content": "u"},
                                                            {"role": "assistant", "content": "😀"}]}) + "\n")
 seed("dataset", "text.txt", "plain text line\nanother line\n")
+seed("dataset", "text.jsonl", json.dumps({"text": "文档", "meta": {"id": 1}}, ensure_ascii=False) + "\n")
+# Tool calls in both forms: OpenAI messages with a tool role, LLaMA-Factory's sharegpt with
+# function_call / observation and the tools as JSON text.
+_tool = {"name": "f", "description": "d", "parameters": {"type": "object", "properties": {
+    "x": {"type": "number"}}, "required": ["x"]}}
+seed("dataset", "tools_messages.jsonl", json.dumps({"tools": [{"type": "function", "function": _tool}],
+    "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                 {"role": "assistant", "content": None, "tool_calls": [
+                     {"type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+                 {"role": "tool", "content": "2"}, {"role": "assistant", "content": "a"}]}) + "\n")
+seed("dataset", "tools_sharegpt.json", json.dumps([{"tools": json.dumps([_tool]), "conversations": [
+    {"from": "human", "value": "h"},
+    {"from": "function_call", "value": json.dumps([{"name": "f", "arguments": {"x": 1.5}}])},
+    {"from": "observation", "value": "o"}, {"from": "gpt", "value": "g"}]}]))
 
 # Targets whose seeds are fixtures other parts of the test suite make.
 for target, rel in [("gguf", "tests/fixtures/gguf/tiny.gguf"),
