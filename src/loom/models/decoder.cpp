@@ -370,7 +370,7 @@ KVCache Decoder::new_cache() {
   c.capacity = spec_.max_positions;
   for (size_t l = 0; l < blocks_.size(); ++l) {
     c.k.push_back(Tensor::zeros({c.capacity, spec_.kv_width}));
-    c.v.push_back(Tensor::zeros({c.capacity, spec_.kv_width}));
+    c.v.push_back(spec_.cache_values ? Tensor::zeros({c.capacity, spec_.kv_width}) : Tensor());
   }
   prefill_prefix(c);
   return c;

@@ -57,6 +57,9 @@ struct DecoderSpec {
   int64_t vocab = 0, hidden = 0, layers = 0, max_positions = 0;
   std::string max_positions_key;       // its config.json key, for errors
   int64_t kv_heads = 0, kv_width = 0;  // per layer: key/value heads, their width NKV * D
+  // The KV cache holds keys and values [capacity, kv_width] each per layer; false: only the
+  // first (MLA caches one [latent | rotary key] row per token, nn/mla_attention.h).
+  bool cache_values = true;
   bool tied_head = true;
   float init_std = 0.02f;
   std::vector<float> rope_inv_freq;  // rotary embeddings (D/2 frequencies); empty: none

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "loom/kernels/cpu/rope.h"
 #include "loom/util/error.h"
 
 namespace loom::models {
@@ -23,6 +24,37 @@ inline double hf_num(const nlohmann::json& j, const char* key, double dflt,
   if (!j.contains(key) || j[key].is_null()) return dflt;
   LOOM_CHECK(j[key].is_number(), where + ": key '" + key + "' must be a number");
   return j[key].get<double>();
+}
+
+// Rotary settings: transformers 4.x keys (rope_theta, rope_scaling) or 5.x's
+// rope_parameters {rope_type, rope_theta, factor, ...}. `json` is the scaling object as read
+// (null for the default type), written back on save.
+struct HfRope {
+  double theta = 10000.0;
+  kernels::RopeScaling scaling;
+  nlohmann::json json;
+};
+
+inline HfRope hf_rope(const nlohmann::json& j, const std::string& where) {
+  HfRope r;
+  nlohmann::json rs = j.contains("rope_parameters") && j["rope_parameters"].is_object()
+                          ? j["rope_parameters"]
+                          : j.value("rope_scaling", nlohmann::json());
+  r.theta = hf_num(j, "rope_theta", 10000.0, where);
+  if (!rs.is_object()) return r;
+  if (rs.contains("rope_theta")) r.theta = hf_num(rs, "rope_theta", 1e4, where);
+  const std::string type = rs.value("rope_type", rs.value("type", std::string("default")));
+  LOOM_CHECK(
+      type == "default" || type == "linear" || type == "llama3",
+      where + ": rope_scaling type '" + type + "' is not supported (default, linear, llama3)");
+  r.scaling.type = type;
+  r.scaling.factor = hf_num(rs, "factor", 1.0, where);
+  r.scaling.low_freq_factor = hf_num(rs, "low_freq_factor", 1.0, where);
+  r.scaling.high_freq_factor = hf_num(rs, "high_freq_factor", 4.0, where);
+  r.scaling.original_max_position_embeddings =
+      hf_int(rs, "original_max_position_embeddings", 8192, where);
+  if (type != "default") r.json = rs;
+  return r;
 }
 
 }  // namespace loom::models

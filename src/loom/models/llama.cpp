@@ -44,27 +44,10 @@ LlamaConfig LlamaConfig::from_hf(const nlohmann::json& j, const std::string& whe
   LOOM_CHECK(!j.value("use_sliding_window", false),
              where + ": use_sliding_window=true is not supported");
 
-  // Rotary settings: transformers 4.x keys (rope_theta, rope_scaling) or 5.x's
-  // rope_parameters {rope_type, rope_theta, factor, ...}.
-  nlohmann::json rs = j.contains("rope_parameters") && j["rope_parameters"].is_object()
-                          ? j["rope_parameters"]
-                          : j.value("rope_scaling", nlohmann::json());
-  c.rope_theta = hf_num(j, "rope_theta", 10000.0, where);
-  if (rs.is_object() && rs.contains("rope_theta"))
-    c.rope_theta = hf_num(rs, "rope_theta", 1e4, where);
-  if (rs.is_object()) {
-    std::string type = rs.value("rope_type", rs.value("type", std::string("default")));
-    LOOM_CHECK(
-        type == "default" || type == "linear" || type == "llama3",
-        where + ": rope_scaling type '" + type + "' is not supported (default, linear, llama3)");
-    c.rope_scaling.type = type;
-    c.rope_scaling.factor = hf_num(rs, "factor", 1.0, where);
-    c.rope_scaling.low_freq_factor = hf_num(rs, "low_freq_factor", 1.0, where);
-    c.rope_scaling.high_freq_factor = hf_num(rs, "high_freq_factor", 4.0, where);
-    c.rope_scaling.original_max_position_embeddings =
-        hf_int(rs, "original_max_position_embeddings", 8192, where);
-    if (type != "default") c.rope_scaling_json = rs;
-  }
+  const HfRope rope = hf_rope(j, where);
+  c.rope_theta = rope.theta;
+  c.rope_scaling = rope.scaling;
+  c.rope_scaling_json = rope.json;
   return c;
 }
 
@@ -115,6 +98,28 @@ std::unique_ptr<nn::DecoderBlock> llama_block(nn::ParamStore& ps, const std::str
       tp);
 }
 
+DecoderSpec llama_family_spec(int64_t vocab, int64_t hidden, int64_t layers, int64_t max_positions,
+                              bool tied, float init_std, float rms_eps,
+                              const nn::TensorParallel& tp, const StageRange& stage) {
+  DecoderSpec s;
+  s.tp = tp;
+  s.stage = stage;
+  s.tok_embed = "model.embed_tokens";
+  s.block_prefix = "model.layers.";
+  s.final_norm = "model.norm";
+  s.vocab = vocab;
+  s.hidden = hidden;
+  s.layers = layers;
+  s.max_positions = max_positions;
+  s.max_positions_key = "max_position_embeddings";
+  s.tied_head = tied;
+  s.init_std = init_std;
+  s.make_norm = [hidden, rms_eps](nn::ParamStore& ps, const std::string& name) {
+    return std::make_unique<nn::RMSNorm>(ps, name, hidden, rms_eps);
+  };
+  return s;
+}
+
 namespace {
 DecoderSpec llama_spec(const LlamaConfig& c, const nn::TensorParallel& tp,
                        const StageRange& stage) {
@@ -130,27 +135,14 @@ DecoderSpec llama_spec(const LlamaConfig& c, const nn::TensorParallel& tp,
   LOOM_CHECK(c.intermediate_size % t == 0,
              "intermediate_size " + std::to_string(c.intermediate_size) +
                  " is not divisible by tensor_parallel.size " + std::to_string(t));
-  DecoderSpec s;
-  s.tp = tp;
-  s.stage = stage;
-  s.tok_embed = "model.embed_tokens";
-  s.block_prefix = "model.layers.";
-  s.final_norm = "model.norm";
-  s.vocab = c.vocab_size;
-  s.hidden = c.hidden_size;
-  s.layers = c.num_hidden_layers;
-  s.max_positions = c.max_position_embeddings;
-  s.max_positions_key = "max_position_embeddings";
+  DecoderSpec s =
+      llama_family_spec(c.vocab_size, c.hidden_size, c.num_hidden_layers, c.max_position_embeddings,
+                        c.tie_word_embeddings, c.initializer_range, c.rms_norm_eps, tp, stage);
   s.kv_heads = c.num_key_value_heads;
   s.kv_width = c.num_key_value_heads * c.dim_head();
-  s.tied_head = c.tie_word_embeddings;
-  s.init_std = c.initializer_range;
   s.rope_inv_freq = kernels::rope_inv_freq(c.dim_head(), c.rope_theta, c.rope_scaling);
   s.make_block = [c, tp](nn::ParamStore& ps, const std::string& name) {
     return llama_block(ps, name, c, tp);
-  };
-  s.make_norm = [c](nn::ParamStore& ps, const std::string& name) {
-    return std::make_unique<nn::RMSNorm>(ps, name, c.hidden_size, c.rms_norm_eps);
   };
   return s;
 }

@@ -39,6 +39,12 @@ std::unique_ptr<nn::DecoderBlock> llama_block(nn::ParamStore& ps, const std::str
                                               const LlamaConfig& c,
                                               const nn::TensorParallel& tp = {});
 
+// The layout the Llama family shares (DeepSeek's too): model.embed_tokens, model.layers.<l>,
+// model.norm (RMSNorm), lm_head; the caller sets the blocks, rotary and cache widths.
+DecoderSpec llama_family_spec(int64_t vocab, int64_t hidden, int64_t layers, int64_t max_positions,
+                              bool tied, float init_std, float rms_eps,
+                              const nn::TensorParallel& tp, const StageRange& stage);
+
 class Llama : public Decoder {
  public:
   // tp: the tensor-parallel group the layers split over (none: the whole model here).

@@ -82,7 +82,8 @@ void declare_peft(CausalLM& model, const PeftConfig& cfg) {
   for (const std::string& entry : cfg.modules_to_save) {
     bool hit = false;
     for (auto& p : ps.all()) {
-      if (!peft_name_matches(module_of(p->name), entry)) continue;
+      if (p->kind == nn::ParamKind::Buffer || !peft_name_matches(module_of(p->name), entry))
+        continue;
       LOOM_CHECK(!p->quantized(), "peft.modules_to_save: " + p->name +
                                       " is held quantized and cannot be trained in full");
       p->trainable = hit = true;

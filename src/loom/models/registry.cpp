@@ -1,5 +1,6 @@
 #include "loom/models/registry.h"
 
+#include "loom/models/deepseek.h"
 #include "loom/models/gpt2.h"
 #include "loom/models/llama.h"
 #include "loom/util/error.h"
@@ -18,7 +19,10 @@ std::unique_ptr<CausalLM> make_model(const nlohmann::json& j, const std::string&
     return std::make_unique<GPT2>(GPT2Config::from_hf(j, where), tp, stage, buffers);
   if (type == "llama" || type == "qwen2")
     return std::make_unique<Llama>(LlamaConfig::from_hf(j, where), tp, stage, buffers);
-  throw Error(where + ": model_type '" + type + "' is not supported (gpt2, llama, qwen2)");
+  if (type == "deepseek_v3" || type == "deepseek_v2")
+    return std::make_unique<Deepseek>(DeepseekConfig::from_hf(j, where), tp, stage, buffers);
+  throw Error(where + ": model_type '" + type +
+              "' is not supported (gpt2, llama, qwen2, deepseek_v2, deepseek_v3)");
 }
 
 }  // namespace loom::models

@@ -69,6 +69,8 @@ Parameter* ParamStore::add(const std::string& name, const Shape& shape, ParamKin
   p->full_shape = shape;
   p->shape = shape;
   p->shard = shard;
+  p->kind = kind;
+  p->trainable = kind != ParamKind::Buffer;
   if (shard.sharded()) {
     const int d = shard.dim;
     LOOM_CHECK(d < static_cast<int>(shape.size()) && shard.parts >= 1 &&
@@ -79,7 +81,6 @@ Parameter* ParamStore::add(const std::string& name, const Shape& shape, ParamKin
                    "+" + std::to_string(shard.size) + ") outside " + shape_str(shape));
     p->shape[d] = shard.parts * shard.size;
   }
-  p->kind = kind;
   p->init_std = init_std;
   p->init_value = init_value;
   params_.push_back(std::move(p));

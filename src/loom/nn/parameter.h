@@ -41,8 +41,12 @@ struct ShardSpec {
   bool sharded() const { return dim >= 0; }
 };
 
-// What a parameter is, for rules that depend on it (weight decay exclusions).
-enum class ParamKind : uint8_t { Weight, Bias, Norm, Embedding };
+// What a parameter is, for rules that depend on it (weight decay exclusions). Router: a
+// mixture-of-experts router's [experts, C] matrix, decayed as a weight but kept and
+// multiplied in fp32 under mixed precision (transformers keeps routers in fp32: top-k
+// choices must not flip with bf16 rounding). Buffer: state a rule other than the optimizer
+// updates (DeepSeek-V3's e_score_correction_bias), never trained, saved with the model.
+enum class ParamKind : uint8_t { Weight, Bias, Norm, Embedding, Router, Buffer };
 
 // The 16-bit copy of a weight's f32 value that its products read under mixed precision:
 // made on first use after whoever changes the value (the optimizer step, a ZeRO-3 gather)

@@ -35,6 +35,7 @@ class PreNormBlock final : public DecoderBlock {
       : norm1_(n1()), norm2_(n2()), attn_(a()), mlp_(m()), tp_(tp) {}
 
   Attn& attn() { return attn_; }
+  Mlp& mlp() { return mlp_; }
 
   const Tensor& forward(const Tensor& x, const Positions& p) override {
     return finish(x, p, attn_.forward(enter(norm1_.forward(x), p, attn_in_), p));

@@ -21,7 +21,7 @@ struct AdamWConfig {
   float weight_decay = 0.01f;
   bool decay_bias = false, decay_norm = false, decay_embedding = false;
   bool decays(nn::ParamKind k) const {
-    return k == nn::ParamKind::Weight || (k == nn::ParamKind::Bias && decay_bias) ||
+    return k == nn::ParamKind::Weight || k == nn::ParamKind::Router || (k == nn::ParamKind::Bias && decay_bias) ||
            (k == nn::ParamKind::Norm && decay_norm) ||
            (k == nn::ParamKind::Embedding && decay_embedding);
   }

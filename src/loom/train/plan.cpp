@@ -164,7 +164,8 @@ std::vector<StageShape> stage_shapes(const ModelSource& src, int tp, bool sp,
     for (const auto& p : s.model->params().all()) {
       if (!p->trainable) s.frozen_bytes += src.frozen_bytes(*p);
       // A KV prefix runs once per step, not per token.
-      const bool matmul = (p->kind == nn::ParamKind::Weight && p->shape.size() == 2 &&
+      const bool matmul = ((p->kind == nn::ParamKind::Weight || p->kind == nn::ParamKind::Router) &&
+                            p->shape.size() == 2 &&
                            m.unit_of(p->name) != prefix_unit) ||
                           p.get() == head;
       if (!matmul) continue;

@@ -297,12 +297,18 @@ void backward_strip(const Strip& s, const float* dO, int64_t ldo, const float* l
 }
 }  // namespace
 
+namespace {
+float score_scale(float scale, int64_t HD) {
+  return scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(HD));
+}
+}  // namespace
+
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const AttnDims& d) {
   prof::ScopedPhase ph(prof::Phase::Attention);
   const int64_t T = d.T, HD = d.HD, C = d.NH * HD, group = d.NH / d.NKV;
   const int64_t strips = (T + kRows - 1) / kRows;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  const float scale = score_scale(d.scale, HD);
 #pragma omp parallel
   {
     // Under GQA the heads of a group share their keys and values: their query rows are
@@ -331,7 +337,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   prof::ScopedPhase ph(prof::Phase::Attention);
   const int64_t T = d.T, HD = d.HD, C = d.NH * HD, group = d.NH / d.NKV, KVC = d.NKV * HD;
   const int64_t strips = (T + kRows - 1) / kRows, P = d.P;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  const float scale = score_scale(d.scale, HD);
   const bool prefix_grads = P > 0 && dprefix_k && dprefix_v;
   // Under GQA, with enough (batch, group) pairs for the threads, a task owns one KV group of
   // one batch row: its heads' rows stacked as in forward, dk/dv (and the prefix slice) its
@@ -483,10 +489,10 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 
 void attention_forward_cached(float* out, const float* q, const float* kc, const float* vc,
                               int64_t n, int64_t past, int64_t NH, int64_t NKV, int64_t HD,
-                              int64_t q_stride, int64_t kv_stride) {
+                              int64_t q_stride, int64_t kv_stride, float scale_in) {
   prof::ScopedPhase ph(prof::Phase::Attention);
   const int64_t group = NH / NKV, C = NH * HD, strips = (n + kRows - 1) / kRows;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  const float scale = score_scale(scale_in, HD);
 #pragma omp parallel
   {
     Work& wk = work(group * kRows, past + n, HD, false);

@@ -33,6 +33,9 @@ struct AttnDims {
   const float* prefix_v = nullptr;
   int64_t P = 0;              // number of prefix (virtual) tokens
   int64_t prefix_stride = 0;  // floats between consecutive prefix rows
+  // The scores' scale; 0: 1/sqrt(HD). MLA (nn/mla_attention.h) pads its heads to one HD
+  // and scales by its own query/key width.
+  float scale = 0.0f;
 };
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -46,9 +49,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 // attend causally to cached keys/values rows [0, past + n).
 //   q[n, NH*HD] (row stride q_stride), kc/vc[past + n rows, NKV*HD] (row stride kv_stride),
 //   out[n, NH*HD]. The same strips as training (a prompt's prefill is GEMM-shaped; one new
-//   token is a row of one).
+//   token is a row of one). scale as AttnDims's.
 void attention_forward_cached(float* out, const float* q, const float* kc, const float* vc,
                               int64_t n, int64_t past, int64_t NH, int64_t NKV, int64_t HD,
-                              int64_t q_stride, int64_t kv_stride);
+                              int64_t q_stride, int64_t kv_stride, float scale = 0.0f);
 
 }  // namespace loom::kernels

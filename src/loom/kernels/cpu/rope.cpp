@@ -47,16 +47,16 @@ void rope_tables(float* cos_t, float* sin_t, const int32_t* pos, int64_t N,
 namespace {
 template <bool kInverse>
 void rotate(float* x, const float* cos_t, const float* sin_t, int64_t N, int64_t H, int64_t D,
-            int64_t stride) {
+            int64_t stride, int64_t head_stride) {
   prof::ScopedPhase ph(prof::Phase::Attention);
-  const int64_t half = D / 2;
+  const int64_t half = D / 2, hs = head_stride > 0 ? head_stride : D;
   const float sign = kInverse ? -1.0f : 1.0f;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* c = cos_t + n * half;
     const float* s = sin_t + n * half;
     for (int64_t h = 0; h < H; ++h) {
-      float* v = x + n * stride + h * D;
+      float* v = x + n * stride + h * hs;
 #pragma omp simd
       for (int64_t i = 0; i < half; ++i) {
         const float a = v[i], bb = v[i + half], sn = sign * s[i];
@@ -69,13 +69,13 @@ void rotate(float* x, const float* cos_t, const float* sin_t, int64_t N, int64_t
 }  // namespace
 
 void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t N, int64_t H, int64_t D,
-                  int64_t stride) {
-  rotate<false>(x, cos_t, sin_t, N, H, D, stride);
+                  int64_t stride, int64_t head_stride) {
+  rotate<false>(x, cos_t, sin_t, N, H, D, stride, head_stride);
 }
 
 void rope_backward(float* dx, const float* cos_t, const float* sin_t, int64_t N, int64_t H,
-                   int64_t D, int64_t stride) {
-  rotate<true>(dx, cos_t, sin_t, N, H, D, stride);
+                   int64_t D, int64_t stride, int64_t head_stride) {
+  rotate<true>(dx, cos_t, sin_t, N, H, D, stride, head_stride);
 }
 
 }  // namespace loom::kernels

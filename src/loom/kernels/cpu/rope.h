@@ -2,7 +2,8 @@
 // each head, not interleaved pairs):
 //   out[i]       = x[i] cos(p f_i) - x[i + D/2] sin(p f_i)
 //   out[i + D/2] = x[i + D/2] cos(p f_i) + x[i] sin(p f_i),   i < D/2, f_i = inv_freq[i]
-// applied in place to x[N rows, H heads of D] with a row stride; row n uses table row n,
+// applied in place to x[N rows, H heads of D] with a row stride (heads head_stride apart,
+// D when 0: MLA rotates a slice of wider heads); row n uses table row n,
 // so packed sequences (positions restarting inside a row of the batch) need no special case.
 // Backward is the inverse rotation (the transpose), also in place on the gradient. rope_inv_freq
 // implements rope_scaling types default, linear and llama3 as transformers does.
@@ -28,8 +29,8 @@ void rope_tables(float* cos_t, float* sin_t, const int32_t* pos, int64_t N,
                  const std::vector<float>& inv_freq);
 
 void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t N, int64_t H, int64_t D,
-                  int64_t stride);
+                  int64_t stride, int64_t head_stride = 0);
 void rope_backward(float* dx, const float* cos_t, const float* sin_t, int64_t N, int64_t H,
-                   int64_t D, int64_t stride);
+                   int64_t D, int64_t stride, int64_t head_stride = 0);
 
 }  // namespace loom::kernels

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Golden fixtures for DeepSeek's own architecture: DeepseekV3ForCausalLM (MLA with and
+without q_lora_rank, sigmoid routing with the correction bias, group-limited choice, shared
+experts) and DeepseekV2ForCausalLM (softmax routing, group_limited_greedy), tiny random
+models made from transformers' config classes (no download).
+
+For each NAME it writes tests/fixtures/NAME/:
+  config.json, model.safetensors   via save_pretrained (per-expert tensor names, as the
+                                   published checkpoints); every parameter perturbed, and
+                                   V3's e_score_correction_bias random, so routing depends on it
+  golden.safetensors               input_ids, targets I64 [3,16] (-100 = ignored), logits F32
+                                   [3,16,V], loss F32 [1], grad.<name> for every parameter under
+                                   the checkpoint's names (the fused expert tensors split)
+
+The routing decisions must not sit on a near-tie, or fp32 differences between two correct
+implementations would flip them: the script reports the smallest margin of every choice
+(the k-th vs the next expert, the kept vs the next group) and moves to the next seed when one is under 1e-4.
+
+Run from the repository root:  ~/.cache/loom/ref-venv/bin/python scripts/make_deepseek_fixtures.py
+"""
+
+import os
+
+import torch
+import transformers
+from safetensors.torch import save_file
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
+B, T, V = 3, 16, 256
+COMMON = dict(vocab_size=V, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+              num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+              n_routed_experts=8, first_k_dense_replace=1, max_position_embeddings=64,
+              rms_norm_eps=1e-6, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+              bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+
+CONFIGS = {
+    # q_lora_rank, group-limited choice (4 groups of 2, keep 2), interleaved rope, Dv < Dq.
+    "deepseek_v3_tiny": transformers.DeepseekV3Config(
+        **COMMON, q_lora_rank=24, v_head_dim=12, n_shared_experts=1, num_experts_per_tok=2,
+        n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
+        rope_interleave=True),
+    # A direct q_proj, no groups, rotate-half rope, Dv > Dq, two shared experts, top-3.
+    "deepseek_v3_noq_tiny": transformers.DeepseekV3Config(
+        **COMMON, q_lora_rank=None, v_head_dim=24, n_shared_experts=2, num_experts_per_tok=3,
+        n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.5,
+        rope_interleave=False),
+    # V2: softmax scores, group_limited_greedy, weights not normalised.
+    "deepseek_v2_tiny": transformers.DeepseekV2Config(
+        **COMMON, q_lora_rank=None, v_head_dim=16, n_shared_experts=1, num_experts_per_tok=2,
+        topk_method="group_limited_greedy", n_group=4, topk_group=2, norm_topk_prob=False,
+        routed_scaling_factor=1.5),
+}
+
+
+def routing_margin(cfg, router, x):
+    """The smallest gap between a chosen and the best unchosen candidate, over all tokens."""
+    logits = x.reshape(-1, cfg.hidden_size).float() @ router.weight.float().t()
+    E, G = cfg.n_routed_experts, cfg.n_group or 1
+    v3 = cfg.model_type == "deepseek_v3"
+    s = logits.sigmoid() if v3 else logits.softmax(-1)
+    c = s + router.e_score_correction_bias if v3 else s
+    margin = float("inf")
+    if G > 1:
+        per = c.view(-1, G, E // G)
+        gs = per.topk(2, -1)[0].sum(-1) if v3 else per.max(-1).values
+        top = gs.sort(-1, descending=True).values
+        margin = min(margin, (top[:, cfg.topk_group - 1] - top[:, cfg.topk_group]).min().item())
+        keep = torch.zeros_like(gs).scatter_(1, gs.topk(cfg.topk_group, -1)[1], 1)
+        c = c.masked_fill(~keep.repeat_interleave(E // G, 1).bool(), float("-inf"))
+    top = c.sort(-1, descending=True).values
+    k = cfg.num_experts_per_tok
+    margin = min(margin, (top[:, k - 1] - top[:, k]).min().item())
+    return margin
+
+
+def make(name, cfg, seed):
+    """Writes the fixture, or returns False when a routing choice is too close to a tie."""
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+        for mod in model.modules():
+            if hasattr(mod, "e_score_correction_bias"):
+                mod.e_score_correction_bias.copy_(0.05 * torch.randn_like(mod.e_score_correction_bias))
+    model.eval()
+
+    g = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, V, (B, T), generator=g)
+    targets = torch.randint(0, V, (B, T), generator=g)
+    for b in range(B):  # a different number of ignored targets per row
+        targets[b, torch.randperm(T, generator=g)[: 2 + 2 * b]] = -100
+
+    inputs = {}
+    hooks = [mod.register_forward_hook(lambda m, a, o, n=n: inputs.__setitem__(n, a[0].detach()))
+             for n, mod in model.named_modules() if n.endswith("mlp.gate")]
+    logits = model(ids).logits
+    for h in hooks:
+        h.remove()
+    margin = min(routing_margin(cfg, model.get_submodule(n), x) for n, x in inputs.items())
+    if margin < 1e-4:
+        print(f"{name}: seed {seed}: a routing choice is within {margin:.2e} of a tie")
+        return False
+
+    loss = torch.nn.functional.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-100)
+    loss.backward()
+    tensors = {"input_ids": ids, "targets": targets, "logits": logits.detach().contiguous(),
+               "loss": loss.detach().reshape(1)}
+    inter = cfg.moe_intermediate_size
+    for pname, p in model.named_parameters():
+        grad = p.grad.detach()
+        if pname.endswith("mlp.experts.gate_up_proj"):  # [E, 2I, C]: gate rows, then up rows
+            base = pname[: -len("gate_up_proj")]
+            for e in range(grad.shape[0]):
+                tensors[f"grad.{base}{e}.gate_proj.weight"] = grad[e, :inter].contiguous()
+                tensors[f"grad.{base}{e}.up_proj.weight"] = grad[e, inter:].contiguous()
+        elif pname.endswith("mlp.experts.down_proj"):  # [E, C, I]
+            base = pname[: -len("down_proj")]
+            for e in range(grad.shape[0]):
+                tensors[f"grad.{base}{e}.down_proj.weight"] = grad[e].contiguous()
+        else:
+            tensors["grad." + pname] = grad.contiguous()
+
+    out = os.path.join(ROOT, name)
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    gen_cfg = os.path.join(out, "generation_config.json")
+    if os.path.exists(gen_cfg):
+        os.remove(gen_cfg)
+    save_file(tensors, os.path.join(out, "golden.safetensors"),
+              metadata={"torch": torch.__version__, "transformers": transformers.__version__})
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+    print(f"{name}: loss {loss.item():.6f}, routing margin {margin:.2e}, "
+          f"{len(tensors) - 4} gradients, {size / 1e6:.2f} MB (seed {seed})")
+    return True
+
+
+def main():
+    for i, (name, cfg) in enumerate(CONFIGS.items()):
+        if not any(make(name, cfg, seed=30 + i + 100 * attempt) for attempt in range(10)):
+            raise SystemExit(f"{name}: no seed without a near-tie")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+// DeepSeek-V2/V3 beyond the golden forward/backward: what the config refuses (by key), the
+// experts' load statistics, LoRA on MLA and expert projections through the trainer, and a
+// save that loads back to the same logits.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "common/test_util.h"
+#include "loom/io/hf_checkpoint.h"
+#include "loom/models/deepseek.h"
+#include "loom/models/registry.h"
+#include "loom/nn/moe.h"
+#include "loom/train/trainer.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+nlohmann::json fixture_config(const char* name) {
+  return io::read_json_file(test::fixture_dir() / name / "config.json");
+}
+
+std::string refusal(nlohmann::json j, const nlohmann::json& patch) {
+  j.merge_patch(patch);
+  return test::error_of([&] { models::make_model(j, "config.json"); });
+}
+
+TEST(Deepseek, ConfigRefusesWhatLoomDoesNotImplementByKey) {
+  const nlohmann::json v3 = fixture_config("deepseek_v3_tiny"),
+                       v2 = fixture_config("deepseek_v2_tiny");
+  EXPECT_NE(refusal(v3, {{"scoring_func", "softmax"}}).find("scoring_func 'softmax'"),
+            std::string::npos);
+  EXPECT_NE(refusal(v3, {{"topk_method", "greedy"}}).find("topk_method 'greedy'"),
+            std::string::npos);
+  EXPECT_NE(refusal(v2, {{"topk_method", "noaux_tc"}}).find("topk_method 'noaux_tc'"),
+            std::string::npos);
+  EXPECT_NE(refusal(v3, {{"n_group", 3}}).find("n_group 3 does not divide n_routed_experts 8"),
+            std::string::npos);
+  EXPECT_NE(refusal(v3, {{"topk_group", 5}}).find("topk_group 5 exceeds n_group 4"),
+            std::string::npos);
+  EXPECT_NE(refusal(v3, {{"num_key_value_heads", 2}}).find("num_key_value_heads 2"),
+            std::string::npos);
+  EXPECT_NE(refusal(v3, {{"num_experts_per_tok", 9}}).find("num_experts_per_tok 9"),
+            std::string::npos);
+  EXPECT_NE(refusal(v3, {{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}}}})
+                .find("rope_scaling type 'yarn'"),
+            std::string::npos);
+  EXPECT_NE(refusal(v3, {{"hidden_act", "gelu"}}).find("hidden_act 'gelu'"), std::string::npos);
+  EXPECT_NO_THROW(models::make_model(v3, "config.json"));
+}
+
+TEST(Deepseek, MoeLayersCountTokensPerExpertAndSkipMtpLayers) {
+  auto model = io::load_hf_model(test::fixture_dir() / "deepseek_v3_tiny");
+  auto* ds = dynamic_cast<models::Deepseek*>(model.get());
+  ASSERT_NE(ds, nullptr);
+  ASSERT_EQ(ds->moe_layers().size(), 2u);  // layer 0 dense (first_k_dense_replace 1)
+  Tensor ids = Tensor::zeros({2, 8}, DType::I32);
+  for (int64_t i = 0; i < 16; ++i) ids.i32()[i] = static_cast<int32_t>(i * 11 % 256);
+  model->forward(ids);
+  for (nn::MoE* m : ds->moe_layers()) {
+    int64_t total = 0;
+    for (int64_t c : m->router().counts()) total += c;
+    EXPECT_EQ(total, 16 * 2);  // every token to top-2 experts
+  }
+  // A V3 checkpoint's multi-token-prediction layer (model.layers.<num_hidden_layers>) is
+  // not part of the causal LM.
+  EXPECT_TRUE(model->hf_ignorable("model.layers.3.eh_proj.weight"));
+  EXPECT_FALSE(model->hf_ignorable("model.layers.2.mlp.gate.weight"));
+}
+
+TEST(Deepseek, SaveLoadsBackToTheSameLogits) {
+  test::TempDir tmp;
+  auto model = io::load_hf_model(test::fixture_dir() / "deepseek_v2_tiny");
+  Tensor ids = Tensor::zeros({1, 10}, DType::I32);
+  for (int64_t i = 0; i < 10; ++i) ids.i32()[i] = static_cast<int32_t>(i * 7 + 3);
+  const Tensor& a = model->forward(ids);
+  std::vector<float> want(a.f32(), a.f32() + a.numel());
+  io::save_hf_checkpoint(*model, tmp.path / "saved");
+  auto again = io::load_hf_model(tmp.path / "saved");
+  const Tensor& b = again->forward(ids);
+  ASSERT_EQ(b.numel(), static_cast<int64_t>(want.size()));
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(b.f32()[i], want[i]) << i;
+  EXPECT_EQ(io::read_json_file(tmp.path / "saved" / "config.json")["topk_method"],
+            "group_limited_greedy");
+}
+
+nlohmann::json train_config(const fs::path& tmp, const nlohmann::json& peft) {
+  std::ofstream(tmp / "data.txt") << [] {
+    std::string s;
+    for (int i = 0; i < 300; ++i) s += "the quick brown fox jumps over the lazy dog. ";
+    return s;
+  }();
+  nlohmann::json j = {{"model", (test::fixture_dir() / "deepseek_v3_tiny").string()},
+                      {"data",
+                       {{"path", (tmp / "data.txt").string()},
+                        {"format", "text"},
+                        {"tokenizer", "bytes"},
+                        {"seq_len", 32}}},
+                      {"train_micro_batch_size_per_gpu", 4},
+                      {"gradient_accumulation_steps", 2},
+                      {"train_steps", 15},
+                      {"gradient_clipping", 1.0},
+                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}}}}},
+                      {"output_dir", (tmp / "out").string()}};
+  if (!peft.is_null()) j["peft"] = peft;
+  return j;
+}
+
+std::vector<double> losses_of(const fs::path& metrics) {
+  std::ifstream m(metrics);
+  std::vector<double> out;
+  for (std::string line; std::getline(m, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out.push_back(j["loss"]);
+  }
+  return out;
+}
+
+TEST(Deepseek, FullAndLoraFineTuningLowerTheLoss) {
+  for (const nlohmann::json& peft :
+       {nlohmann::json(),
+        nlohmann::json{{"method", "lora"},
+                       {"r", 4},
+                       {"lora_alpha", 8},
+                       {"target_modules",
+                        {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
+                         "gate_proj", "up_proj", "down_proj"}}}}) {
+    test::TempDir tmp;
+    train::Trainer t(train::parse_config(train_config(tmp.path, peft), "test", 1));
+    const nn::Parameter* bias =
+        t.model().params().find("model.layers.1.mlp.gate.e_score_correction_bias");
+    ASSERT_NE(bias, nullptr);
+    EXPECT_FALSE(bias->trainable);
+    std::vector<float> b0(bias->value.f32(), bias->value.f32() + 8);
+    t.run();
+    const std::vector<double> losses = losses_of(tmp.path / "out" / "metrics.jsonl");
+    ASSERT_EQ(losses.size(), 15u);
+    EXPECT_LT(losses.back(), losses.front() - 0.5) << (peft.is_null() ? "full" : "lora");
+    for (int i = 0; i < 8; ++i)
+      EXPECT_EQ(bias->value.f32()[i], b0[i]) << "the optimizer moved the bias";
+    if (!peft.is_null()) {
+      // LoRA reached the MLA projections and every routed and shared expert.
+      const auto& ps = t.model().params();
+      for (const char* n : {"model.layers.2.self_attn.kv_b_proj.lora_A.weight",
+                            "model.layers.2.self_attn.q_a_proj.lora_B.weight",
+                            "model.layers.2.mlp.experts.7.down_proj.lora_A.weight",
+                            "model.layers.1.mlp.shared_experts.gate_proj.lora_A.weight",
+                            "model.layers.0.mlp.up_proj.lora_A.weight"})
+        EXPECT_NE(ps.find(n), nullptr) << n;
+      EXPECT_EQ(ps.find("model.layers.1.mlp.gate.weight.lora_A.weight"), nullptr);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom
