@@ -3,6 +3,7 @@
 // save that loads back to the same logits.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 
 #include "common/test_util.h"
@@ -10,6 +11,7 @@
 #include "loom/models/deepseek.h"
 #include "loom/models/registry.h"
 #include "loom/nn/moe.h"
+#include "loom/optim/expert_balance.h"
 #include "loom/train/trainer.h"
 
 namespace loom {
@@ -58,9 +60,10 @@ TEST(Deepseek, MoeLayersCountTokensPerExpertAndSkipMtpLayers) {
   Tensor ids = Tensor::zeros({2, 8}, DType::I32);
   for (int64_t i = 0; i < 16; ++i) ids.i32()[i] = static_cast<int32_t>(i * 11 % 256);
   model->forward(ids);
-  for (nn::MoE* m : ds->moe_layers()) {
+  EXPECT_EQ(ds->moe_layers()[0].layer, 1);
+  for (const models::MoeLayer& m : ds->moe_layers()) {
     int64_t total = 0;
-    for (int64_t c : m->router().counts()) total += c;
+    for (int64_t c : m.moe->router().counts()) total += c;
     EXPECT_EQ(total, 16 * 2);  // every token to top-2 experts
   }
   // A V3 checkpoint's multi-token-prediction layer (model.layers.<num_hidden_layers>) is
@@ -151,6 +154,80 @@ TEST(Deepseek, FullAndLoraFineTuningLowerTheLoss) {
       EXPECT_EQ(ps.find("model.layers.1.mlp.gate.weight.lora_A.weight"), nullptr);
     }
   }
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+TEST(ExpertBalance, BiasMovesTowardBalanceAndCountsReset) {
+  nn::ParamStore ps;
+  nn::MoeSpec s;
+  s.hidden = 4;
+  s.inter = 2;
+  s.router = {.hidden = 4, .n_experts = 4, .top_k = 1, .sigmoid = true, .score_bias = true};
+  nn::MoE moe(ps, "model.layers.1.mlp", s, 0.02f);
+  ps.materialize();
+  std::vector<int64_t>& load = moe.router().load();
+  load = {5, 1, 3, 3};  // mean 3: expert 0 over, 1 under, 2 and 3 balanced
+  dist::LocalComm one;
+  const std::vector<optim::ExpertLoad> r = optim::balance_experts({{1, &moe}}, one, 0.25f);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].layer, 1);
+  EXPECT_EQ(r[0].min, 1);
+  EXPECT_EQ(r[0].max, 5);
+  EXPECT_DOUBLE_EQ(r[0].mean, 3.0);
+  const float* b = moe.router().bias()->value.f32();
+  EXPECT_EQ(b[0], -0.25f);
+  EXPECT_EQ(b[1], 0.25f);
+  EXPECT_EQ(b[2], 0.0f);
+  EXPECT_EQ(b[3], 0.0f);
+  EXPECT_EQ(r[0].bias_min, -0.25f);
+  EXPECT_EQ(r[0].bias_max, 0.25f);
+  for (int64_t c : load) EXPECT_EQ(c, 0);
+}
+
+TEST(ExpertBalance, TrainingReportsLoadsAndMovesTheBiasInSteps) {
+  test::TempDir tmp;
+  nlohmann::json j = train_config(tmp.path, nullptr);
+  j["moe"] = {{"bias_update_rate", 0.01}};
+  j["train_steps"] = 6;
+  train::Trainer t(train::parse_config(j, "test", 1));
+  const nn::Parameter* bias =
+      t.model().params().find("model.layers.2.mlp.gate.e_score_correction_bias");
+  std::vector<float> b0(bias->value.f32(), bias->value.f32() + 8);
+  t.run();
+  std::ifstream m(tmp.path / "out" / "metrics.jsonl");
+  int rows = 0;
+  for (std::string line; std::getline(m, line);) {
+    auto r = nlohmann::json::parse(line);
+    if (!r.contains("loss")) continue;
+    ++rows;
+    ASSERT_TRUE(r.contains("moe")) << line;
+    EXPECT_EQ(r["moe"]["layer"], nlohmann::json({1, 2}));
+    // 8 rows of 32 tokens, top-2 of 8 experts: 64 per expert on average.
+    EXPECT_EQ(r["moe"]["tokens_mean"][0], 64.0);
+    EXPECT_LE(r["moe"]["tokens_min"][1].get<int64_t>(), 64);
+    EXPECT_GE(r["moe"]["tokens_max"][1].get<int64_t>(), 64);
+  }
+  EXPECT_EQ(rows, 6);
+  // Six moves of +-0.01 or 0 each: the change is a multiple of the rate, at most six.
+  bool moved = false;
+  for (int e = 0; e < 8; ++e) {
+    const double k = (bias->value.f32()[e] - b0[e]) / 0.01;
+    EXPECT_NEAR(k, std::round(k), 1e-3) << e;
+    EXPECT_LE(std::fabs(k), 6.0 + 1e-3) << e;
+    moved |= std::fabs(k) > 0.5;
+  }
+  EXPECT_TRUE(moved);
+  // With PEFT the bias cannot be saved: refused by name.
+  j["peft"] = {{"method", "lora"}, {"r", 2}, {"target_modules", "all-linear"}};
+  EXPECT_NE(test::error_of([&] {
+              train::Trainer(train::parse_config(j, "test", 1));
+            }).find("moe.bias_update_rate"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -23,7 +23,17 @@
 #include "loom/nn/parameter.h"
 #include "loom/tensor/tensor.h"
 
+namespace loom::nn {
+class MoE;
+}
+
 namespace loom::models {
+
+// A mixture-of-experts layer this rank holds: its decoder layer and the module (nn/moe.h).
+struct MoeLayer {
+  int64_t layer;
+  nn::MoE* moe;
+};
 
 // Per-layer keys and values of the tokens seen so far (batch 1), [capacity, NKV * HD] each.
 struct KVCache {
@@ -160,6 +170,8 @@ class CausalLM {
   virtual int unit_of(const std::string& param_name) const = 0;
   std::vector<std::vector<nn::Parameter*>> units();
   void set_unit_hooks(UnitHooks* h) { hooks_ = h; }
+  // This rank's mixture-of-experts layers in layer order (none for dense models).
+  virtual std::vector<MoeLayer> moe_layers() const { return {}; }
 
  protected:
   // ---- shared by the implementations

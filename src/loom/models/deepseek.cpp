@@ -147,7 +147,7 @@ nlohmann::json DeepseekConfig::to_hf() const {
 }
 
 namespace {
-using MoeLayers = std::shared_ptr<std::vector<nn::MoE*>>;
+using MoeLayers = std::shared_ptr<std::vector<MoeLayer>>;
 
 nn::MlaDims mla_dims(const DeepseekConfig& c) {
   nn::MlaDims d;
@@ -201,7 +201,7 @@ std::unique_ptr<nn::DecoderBlock> deepseek_block(nn::ParamStore& ps, const std::
   using Block = nn::PreNormBlock<nn::RMSNorm, nn::MlaAttention, nn::MoE>;
   auto block = std::make_unique<Block>(
       norm1, norm2, attn, [&] { return nn::MoE(ps, name + ".mlp", moe_spec(c), std); });
-  moe->push_back(&block->mlp());
+  moe->push_back({layer, &block->mlp()});
   return block;
 }
 
@@ -227,10 +227,10 @@ DecoderSpec deepseek_spec(const DeepseekConfig& c, const nn::TensorParallel& tp,
 
 Deepseek::Deepseek(const DeepseekConfig& c, const nn::TensorParallel& tp, const StageRange& stage,
                    ParamBuffers buffers)
-    : Deepseek(c, tp, stage, buffers, std::make_shared<std::vector<nn::MoE*>>()) {}
+    : Deepseek(c, tp, stage, buffers, std::make_shared<std::vector<MoeLayer>>()) {}
 
 Deepseek::Deepseek(const DeepseekConfig& c, const nn::TensorParallel& tp, const StageRange& stage,
-                   ParamBuffers buffers, std::shared_ptr<std::vector<nn::MoE*>> moe)
+                   ParamBuffers buffers, MoeLayers moe)
     : Decoder(deepseek_spec(c, tp, stage, moe), buffers), cfg_(c), moe_(*moe) {}
 
 int64_t Deepseek::activation_bytes(int64_t B, int64_t T) const {

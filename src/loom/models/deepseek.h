@@ -18,10 +18,6 @@
 #include "loom/kernels/cpu/rope.h"
 #include "loom/models/decoder.h"
 
-namespace loom::nn {
-class MoE;
-}
-
 namespace loom::models {
 
 struct DeepseekConfig {
@@ -65,17 +61,16 @@ class Deepseek : public Decoder {
   int64_t activation_bytes(int64_t B, int64_t T) const override;
   void add_kv_prefix(const nn::PrefixSpec& spec) override;
   const DeepseekConfig& config() const { return cfg_; }
-  // This stage's MoE layers, in layer order.
-  const std::vector<nn::MoE*>& moe_layers() const { return moe_; }
+  std::vector<MoeLayer> moe_layers() const override { return moe_; }
 
  private:
-  using MoeLayers = std::shared_ptr<std::vector<nn::MoE*>>;
+  using MoeLayers = std::shared_ptr<std::vector<MoeLayer>>;
   // The blocks record their MoE layers in `moe` as the base class builds them.
   Deepseek(const DeepseekConfig& c, const nn::TensorParallel& tp, const StageRange& stage,
            ParamBuffers buffers, MoeLayers moe);
 
   DeepseekConfig cfg_;
-  std::vector<nn::MoE*> moe_;
+  std::vector<MoeLayer> moe_;
 };
 
 }  // namespace loom::models

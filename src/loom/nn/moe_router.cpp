@@ -26,6 +26,7 @@ Router::Router(ParamStore& ps, const std::string& name, const RouterSpec& s, flo
                  std::to_string(s.n_group) + " groups leaves fewer than num_experts_per_tok " +
                  std::to_string(s.top_k) + " experts to choose from");
   wg_ = ps.add(name + ".weight", {s.n_experts, s.hidden}, ParamKind::Router, init_std);
+  load_.assign(static_cast<size_t>(s.n_experts), 0);
   if (s.score_bias)
     bias_ = ps.add(name + ".e_score_correction_bias", {s.n_experts}, ParamKind::Buffer, 0.0f);
 }
@@ -140,6 +141,7 @@ void Router::backward(const Tensor& dweights, const Tensor& dx) {
     }
   }
   weight_backward(dx.defined() ? dx.f32() : nullptr, dl.f32(), x_.f32(), *wg_, nullptr, N);
+  for (int64_t e = 0; e < E; ++e) load_[e] += counts_[e];
 }
 
 }  // namespace loom::nn

@@ -12,7 +12,9 @@
 // ignores norm_topk_prob; DeepSeek's own V2 code honours it, as here.)
 //   forward : x [N, C] -> experts() [N, K] (int32), weights() [N, K]; counts() [E] tokens
 //             per expert of this forward (load statistics)
-//   backward: dweights [N, K] -> dx += ..., dWg += ... (when trainable)
+//   backward: dweights [N, K] -> dx += ..., dWg += ... (when trainable); adds counts() to
+//             load(): the tokens each expert took in this step's training passes (counted
+//             once per micro-batch however often a recompute repeats the forward)
 #pragma once
 
 #include <cstdint>
@@ -40,6 +42,7 @@ class Router {
   const std::vector<int32_t>& experts() const { return idx_; }
   const Tensor& weights() const { return w_; }
   const std::vector<int64_t>& counts() const { return counts_; }
+  std::vector<int64_t>& load() { return load_; }  // the step's; the balancing rule resets it
   const RouterSpec& spec() const { return s_; }
   Parameter* weight() const { return wg_; }
   Parameter* bias() const { return bias_; }  // nullptr for V2
@@ -57,6 +60,7 @@ class Router {
   Tensor w_;       // [N, K]
   std::vector<int32_t> idx_;
   std::vector<int64_t> counts_;
+  std::vector<int64_t> load_;
 };
 
 }  // namespace loom::nn

@@ -195,6 +195,7 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
              "tensor_parallel",
              "pipeline_parallel",
              "activation_checkpointing",
+             "moe",
              "trace"});
   TrainConfig c;
   c.raw = j;
@@ -248,7 +249,8 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
   c.data.tokenizer = rd.string(d, "tokenizer", "model");
   one_of(rd, "tokenizer", c.data.tokenizer, {"model", "bytes"});
   c.data.chat_template = rd.string(d, "template", "auto");
-  one_of(rd, "template", c.data.chat_template, {"auto", "chatml", "qwen2.5", "llama3", "llama3.1", "plain"});
+  one_of(rd, "template", c.data.chat_template,
+         {"auto", "chatml", "qwen2.5", "llama3", "llama3.1", "plain"});
   c.data.seq_len = rd.integer(d, "seq_len", 128, 1);
   c.data.shuffle = rd.boolean(d, "shuffle", true);
   c.data.pack = rd.boolean(d, "pack", false);
@@ -459,6 +461,13 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
                rz.key("contiguous_gradients") +
                    ": false is not supported (gradients are "
                    "always in one flat buffer)");
+  }
+  if (j.contains("moe")) {  // mixture-of-experts training rules (optim/expert_balance.h)
+    Reader rm{where, "moe."};
+    rm.only(j["moe"], {"bias_update_rate"});
+    c.moe_bias_update_rate = rm.number(j["moe"], "bias_update_rate", 0.0);
+    LOOM_CHECK(c.moe_bias_update_rate >= 0.0,
+               rm.key("bias_update_rate") + " must be >= 0 (0: the correction bias stays)");
   }
   c.checkpoint_interval = r.integer(j, "checkpoint_interval", 0, 0);
   c.resume_from = r.string(j, "resume_from", "");

@@ -80,6 +80,9 @@ struct TrainConfig {
   // Training runs the LM head and its loss 256 token rows at a time (models/causal_lm.h).
   models::ActivationCheckpointing activation_checkpointing{.loss_chunk_rows = 256};
   int data_parallel = 1;  // world / (tensor_parallel x pipeline.size): train_batch's rule uses it
+  // moe.bias_update_rate: DeepSeek-V3's auxiliary-loss-free balancing step (Megatron's
+  // moe_router_bias_update_rate; the paper's gamma, 1e-3); 0 (default): the bias stays.
+  double moe_bias_update_rate = 0.0;
   int64_t checkpoint_interval = 0;  // steps between checkpoints (0: only the final one)
   std::string resume_from;          // a checkpoint folder to continue from
   nlohmann::json raw;               // the resolved JSON, saved beside the outputs

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <utility>
 
 #include "loom/dist/job_trace.h"
 #include "loom/io/hf_checkpoint.h"
@@ -19,6 +20,7 @@
 #include "loom/models/peft.h"
 #include "loom/models/registry.h"
 #include "loom/nn/weight_ops.h"
+#include "loom/nn/moe.h"
 #include "loom/optim/clip.h"
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/pipeline_schedule.h"
@@ -226,6 +228,17 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
   }
   engine_ = std::make_unique<parallel::ZeroEngine>(*model_, *dp_, cfg_.zero, cfg.adamw, tp_);
   for (auto& c : contexts_) engine_->add_context(*c);  // now over the engine's layout
+  if (cfg.moe_bias_update_rate > 0.0) {
+    bool bias = false;
+    for (const models::MoeLayer& l : model_->moe_layers())
+      bias |= l.moe->router().bias() != nullptr;
+    LOOM_CHECK(bias || (model_->moe_layers().empty() && stage_),
+               "config key 'moe.bias_update_rate': the " + model_->arch() +
+                   " model has no expert routing with a correction bias (deepseek_v3 has)");
+    LOOM_CHECK(!cfg.peft.enabled() && cfg.peft_from.empty(),
+               "config key 'moe.bias_update_rate' with peft: the correction bias belongs to "
+               "the base model, which an adapter folder does not save");
+  }
   sched_ = optim::Schedule::from_json(cfg.scheduler, cfg.adamw.lr, cfg.train_steps);
   if (!cfg.resume_from.empty()) {
     load_optimizer_state(resume_dir, resume, *engine_);
@@ -315,10 +328,50 @@ StepStats Trainer::step() {
     trace::Span opt(trace::Kind::Optimizer);
     engine_->optimizer_step(static_cast<float>(st.lr), clip / static_cast<float>(st.loss_scale));
   }
+  // 7. Mixture of experts: the step's loads over the global batch, and the correction
+  //    bias's move toward balance (optim/expert_balance.h).
+  st.expert_load = expert_loads(st.skipped ? 0.0f : static_cast<float>(cfg_.moe_bias_update_rate));
 
   ++step_;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
+}
+
+std::vector<optim::ExpertLoad> Trainer::expert_loads(float rate) {
+  std::vector<models::MoeLayer> layers = model_->moe_layers();
+  // A pipeline stage's activation contexts ran some of the micro-batches: their counts join
+  // the stage model's (their bias is the model's own storage).
+  for (auto& c : contexts_) {
+    std::vector<models::MoeLayer> mine = c->moe_layers();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      std::vector<int64_t>& to = layers[i].moe->router().load();
+      std::vector<int64_t>& from = mine[i].moe->router().load();
+      for (size_t e = 0; e < to.size(); ++e) to[e] += std::exchange(from[e], 0);
+    }
+  }
+  std::vector<optim::ExpertLoad> loads = optim::balance_experts(layers, *dp_, rate);
+  if (!stage_) return loads;
+  // Rank 0 reports every layer: each stage's layers summed over the pipeline group.
+  const int64_t L = model_->num_layers();
+  std::vector<double> all(static_cast<size_t>(6 * L), 0.0);
+  for (const optim::ExpertLoad& l : loads) {
+    double* a = all.data() + 6 * l.layer;
+    a[0] = 1;
+    a[1] = static_cast<double>(l.min);
+    a[2] = static_cast<double>(l.max);
+    a[3] = l.mean;
+    a[4] = l.bias_min;
+    a[5] = l.bias_max;
+  }
+  mesh_->pp().all_reduce_sum(all.data(), 6 * L);
+  loads.clear();
+  for (int64_t l = 0; l < L; ++l) {
+    const double* a = all.data() + 6 * l;
+    if (a[0] > 0)
+      loads.push_back({l, static_cast<int64_t>(a[1]), static_cast<int64_t>(a[2]), a[3],
+                       static_cast<float>(a[4]), static_cast<float>(a[5])});
+  }
+  return loads;
 }
 
 double Trainer::passes(const std::vector<data::MicroBatch>& micro, float grad_scale) {
@@ -550,6 +603,18 @@ void Trainer::run() {
                           {"step_seconds", st.seconds},
                           {"comm_bytes_sent", sent},  // by this rank (rank 0), algorithmic volume
                           {"epoch", sampler_->epoch_of(st.step)}};
+    if (!st.expert_load.empty()) {  // per MoE layer: routed tokens per expert, the bias
+      nlohmann::json m;
+      for (const optim::ExpertLoad& l : st.expert_load) {
+        m["layer"].push_back(l.layer);
+        m["tokens_min"].push_back(l.min);
+        m["tokens_max"].push_back(l.max);
+        m["tokens_mean"].push_back(l.mean);
+        m["bias_min"].push_back(l.bias_min);
+        m["bias_max"].push_back(l.bias_max);
+      }
+      row["moe"] = m;
+    }
     if (scaler_) {  // the scale the step ran with; a skipped step's grad_norm is not finite
       row["loss_scale"] = st.loss_scale;
       row["skipped"] = st.skipped;

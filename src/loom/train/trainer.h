@@ -22,6 +22,7 @@
 #include "loom/io/model_loader.h"
 #include "loom/models/causal_lm.h"
 #include "loom/optim/adamw.h"
+#include "loom/optim/expert_balance.h"
 #include "loom/optim/loss_scaler.h"
 #include "loom/optim/schedule.h"
 #include "loom/parallel/pipeline_stage.h"
@@ -43,6 +44,9 @@ struct StepStats {
   // the optimizer step was skipped on every rank and grad_norm is not finite).
   double loss_scale = 1.0;
   bool skipped = false;
+  // Mixture-of-experts models: every MoE layer's routed tokens per expert over the global
+  // batch, and its correction bias after the step's update (optim/expert_balance.h).
+  std::vector<optim::ExpertLoad> expert_load;
 };
 
 // Builds the model a config names: a path (HF folder, GGUF file, adapter folder), or
@@ -100,6 +104,8 @@ class Trainer {
   models::StageRange pipeline_stage_range() const;
   // Forward and backward of the step's micro-batches, gradients accumulated and reduced:
   // in turn on the whole model, or through the pipeline schedule. Returns the loss sum.
+  // The step's expert loads (and the bias update at `rate`) of every MoE layer.
+  std::vector<optim::ExpertLoad> expert_loads(float rate);
   double passes(const std::vector<data::MicroBatch>& micro, float grad_scale);
   double pipeline_passes(const std::vector<data::MicroBatch>& micro, float grad_scale);
 
