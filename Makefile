@@ -15,7 +15,7 @@ FUZZ_TIMEOUT ?= 30
 # Which targets to run (fuzz/fuzz_NAME.cpp), e.g. `make fuzz FUZZ_TARGETS=gguf`.
 FUZZ_TARGETS ?= $(patsubst fuzz/fuzz_%.cpp,%,$(wildcard fuzz/fuzz_*.cpp))
 
-.PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench bench-tp bench-pp bench-plan bench-gemm bench-ckpt \
+.PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench bench-tp bench-moe bench-pp bench-plan bench-gemm bench-ckpt \
   fixtures check-demo-checkpoint fuzz fuzz-smoke format clean
 
 all: build
@@ -79,6 +79,12 @@ bench: build
 # against Megatron's formula at tp2 and tp4 (bench/tp.sh; mpirun, not in `make test`).
 bench-tp: build
 	bash bench/tp.sh $(BUILD)
+
+# Expert parallelism: the token exchange's bytes per MoE layer per micro-batch against
+# uniform routing's, and the load balance with and without DeepSeek-V3's bias update
+# (bench/moe_ep.sh; mpirun, a minute, not in `make test`).
+bench-moe: build
+	bash bench/moe_ep.sh $(BUILD)
 
 # Pipeline parallelism: each stage's idle time from the schedule trace, GPipe and 1F1B at
 # m = 2, 4, 8 on pp2, against the bubble (p - 1) / (m + p - 1) (bench/pp_bubble.sh; mpirun).

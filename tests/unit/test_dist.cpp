@@ -14,6 +14,8 @@
 #include "loom/dist/communicator.h"
 #include "loom/dist/launch.h"
 #include "loom/dist/mesh.h"
+#include "loom/nn/moe.h"
+#include "loom/train/config.h"
 #include "loom/util/error.h"
 
 namespace loom::dist {
@@ -37,6 +39,8 @@ class NullComm final : public Communicator {
   void do_send(const float*, int64_t, int, int) override {}
   void do_recv(float*, int64_t, int, int) override {}
   void do_barrier() override {}
+  void do_all_to_all_counts(const int64_t*, int64_t*, int64_t) override {}
+  void do_all_to_all(const float*, const int64_t*, float*, const int64_t*) override {}
   void do_all_reduce_max(double*, int64_t) override {}
   void do_all_reduce_sum(double*, int64_t) override {}
   Request do_iall_reduce_sum(float*, int64_t) override { return {}; }
@@ -299,6 +303,41 @@ TEST(DistLaunch, MissingMpirunOrHostfile) {
   EXPECT_NE(err.find("launch: mpirun not found on PATH"), std::string::npos) << err;
   EXPECT_EQ(error_of([&] { launch(2, {}, "/bin/true", (empty.path / "hosts").string()); }),
             "launch: hostfile " + (empty.path / "hosts").string() + " does not exist");
+}
+
+TEST(DistAllToAll, CountsTheRowsSentToOtherRanks) {
+  NullComm c(1, 3);
+  std::vector<float> send(10), recv(10);
+  const int64_t sc[3] = {2, 5, 3}, rc[3] = {4, 5, 1};
+  c.all_to_all(send.data(), sc, recv.data(), rc);
+  EXPECT_EQ(c.stats().bytes_sent, (2 + 3) * 4);  // not the 5 kept by rank 1
+  int64_t a[6] = {}, b[6] = {};
+  c.all_to_all_counts(a, b, 2);
+  EXPECT_EQ(c.stats().bytes_sent, 5 * 4 + 2 * 2 * 8);
+  const int64_t bad[3] = {1, -1, 0};
+  EXPECT_NE(error_of([&] { c.all_to_all(send.data(), bad, recv.data(), rc); }).find("all_to_all"),
+            std::string::npos);
+}
+
+TEST(DistExpertParallel, SizeMustDivideTheExpertsAndTheDataParallelRanks) {
+  NullComm three(0, 3);
+  nn::ParamStore ps;
+  nn::MoeSpec s;
+  s.hidden = 4;
+  s.inter = 2;
+  s.router = {.hidden = 4, .n_experts = 8, .top_k = 2};
+  nn::MoE moe(ps, "model.layers.1.mlp", s, 0.02f);
+  EXPECT_EQ(error_of([&] { moe.set_expert_parallel({&three}); }),
+            "expert_parallel.size 3 does not divide n_routed_experts 8");
+  const nlohmann::json j = {{"model", {{"arch", "gpt2"}}},
+                            {"data", {{"path", "x.jsonl"}}},
+                            {"train_micro_batch_size_per_gpu", 1},
+                            {"expert_parallel", {{"size", 3}}}};
+  EXPECT_NE(error_of([&] {
+              train::parse_config(j, "c.json", 4);
+            }).find("expert_parallel.size' 3 does not divide the world size 4"),
+            std::string::npos)
+      << error_of([&] { train::parse_config(j, "c.json", 4); });
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "loom/util/error.h"
 #include "loom/util/trace.h"
@@ -164,6 +165,28 @@ void Communicator::barrier() {
   count(0);
 }
 
+void Communicator::all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n_per_rank) {
+  check_count(n_per_rank, "all_to_all_counts");
+  constexpr int64_t kI64 = sizeof(int64_t);
+  trace::Span span(trace::Kind::Comm, "all_to_all_counts", size_ * n_per_rank * kI64);
+  do_all_to_all_counts(send, recv, n_per_rank);
+  count((size_ - 1) * n_per_rank * kI64);
+}
+
+void Communicator::all_to_all(const float* send, const int64_t* send_counts, float* recv,
+                              const int64_t* recv_counts) {
+  int64_t total = 0, away = 0;
+  for (int r = 0; r < size_; ++r) {
+    check_count(send_counts[r], "all_to_all");
+    check_count(recv_counts[r], "all_to_all");
+    total += send_counts[r];
+    if (r != rank_) away += send_counts[r];
+  }
+  trace::Span span(trace::Kind::Comm, "all_to_all", total * kF32);
+  do_all_to_all(send, send_counts, recv, recv_counts);
+  count(away * kF32);
+}
+
 void Communicator::all_reduce_max(double* buf, int64_t n) {
   check_count(n, "all_reduce_max");
   trace::Span span(trace::Kind::Comm, "all_reduce_max", n * kF64);
@@ -246,6 +269,11 @@ void LocalComm::do_reduce_scatter_sum(const float* send, float* recv, int64_t n_
 
 void LocalComm::do_all_gather(const float* send, float* recv, int64_t n_per_rank) {
   if (send != recv) std::copy_n(send, n_per_rank, recv);
+}
+
+void LocalComm::do_all_to_all(const float* send, const int64_t* send_counts, float* recv,
+                              const int64_t*) {
+  std::copy_n(send, send_counts[0], recv);
 }
 
 void LocalComm::do_send(const float*, int64_t, int, int) {
@@ -491,6 +519,33 @@ void MpiComm::do_recv(float* buf, int64_t n, int src, int tag) {
 }
 
 void MpiComm::do_barrier() { check_mpi(MPI_Barrier(handle_->comm), "barrier"); }
+
+void MpiComm::do_all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n_per_rank) {
+  const int n = to_int_per_rank(n_per_rank, size(), "all_to_all_counts");
+  check_mpi(MPI_Alltoall(send, n, MPI_INT64_T, recv, n, MPI_INT64_T, handle_->comm),
+            "all_to_all_counts");
+}
+
+void MpiComm::do_all_to_all(const float* send, const int64_t* send_counts, float* recv,
+                            const int64_t* recv_counts) {
+  // MPI's counts and displacements are ints: every one, and each buffer's total, must fit.
+  const int n = size();
+  std::vector<int> sc(n), sd(n), rc(n), rd(n);
+  int64_t s_at = 0, r_at = 0;
+  for (int r = 0; r < n; ++r) {
+    sc[r] = to_int(send_counts[r], "all_to_all");
+    rc[r] = to_int(recv_counts[r], "all_to_all");
+    sd[r] = to_int(s_at, "all_to_all");
+    rd[r] = to_int(r_at, "all_to_all");
+    s_at += send_counts[r];
+    r_at += recv_counts[r];
+  }
+  to_int(s_at, "all_to_all");
+  to_int(r_at, "all_to_all");
+  check_mpi(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_FLOAT, recv, rc.data(), rd.data(),
+                          MPI_FLOAT, handle_->comm),
+            "all_to_all");
+}
 
 void MpiComm::do_all_reduce_max(double* buf, int64_t n) {
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, to_int(n, "all_reduce_max"), MPI_DOUBLE, MPI_MAX,

@@ -9,6 +9,7 @@
 // Sub-communicators come from split(), and in the engine only through dist::ProcessMesh.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -92,6 +93,15 @@ class Communicator {
   void send(const float* buf, int64_t n, int dest, int tag);  // tag >= 0
   void recv(float* buf, int64_t n, int src, int tag);         // exactly n floats expected
   void barrier();
+  // Expert parallelism's exchange (MPI_Alltoall / MPI_Alltoallv). all_to_all_counts:
+  // send[r n .. (r+1) n) goes to rank r, recv[r n .. (r+1) n) comes from rank r (n =
+  // n_per_rank values). all_to_all:
+  // send holds send_counts[r] floats for each rank r back to back, recv gets recv_counts[r]
+  // floats from each rank r back to back (the counts exchanged first); buffers must not
+  // overlap. Bytes counted: what goes to other ranks.
+  void all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n_per_rank);
+  void all_to_all(const float* send, const int64_t* send_counts, float* recv,
+                  const int64_t* recv_counts);
   // Scalars (loss sums, squared norms), in double so the sum of many ranks stays exact
   // enough for the equivalence checks.
   void all_reduce_max(double* value) { all_reduce_max(value, 1); }
@@ -143,6 +153,9 @@ class Communicator {
   virtual void do_send(const float* buf, int64_t n, int dest, int tag) = 0;
   virtual void do_recv(float* buf, int64_t n, int src, int tag) = 0;
   virtual void do_barrier() = 0;
+  virtual void do_all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n_per_rank) = 0;
+  virtual void do_all_to_all(const float* send, const int64_t* send_counts, float* recv,
+                             const int64_t* recv_counts) = 0;
   virtual void do_all_reduce_max(double* buf, int64_t n) = 0;
   virtual void do_all_reduce_sum(double* buf, int64_t n) = 0;
   virtual Request do_iall_reduce_sum(float* buf, int64_t n) = 0;
@@ -186,6 +199,11 @@ class LocalComm final : public Communicator {
   void do_send(const float* buf, int64_t n, int dest, int tag) override;
   void do_recv(float* buf, int64_t n, int src, int tag) override;
   void do_barrier() override {}
+  void do_all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n) override {
+    std::copy_n(send, n, recv);
+  }
+  void do_all_to_all(const float* send, const int64_t* send_counts, float* recv,
+                     const int64_t*) override;
   void do_all_reduce_max(double*, int64_t) override {}
   void do_all_reduce_sum(double*, int64_t) override {}
   Request do_iall_reduce_sum(float* buf, int64_t n) override;
@@ -222,6 +240,9 @@ class MpiComm final : public Communicator {
   void do_send(const float* buf, int64_t n, int dest, int tag) override;
   void do_recv(float* buf, int64_t n, int src, int tag) override;
   void do_barrier() override;
+  void do_all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n_per_rank) override;
+  void do_all_to_all(const float* send, const int64_t* send_counts, float* recv,
+                     const int64_t* recv_counts) override;
   void do_all_reduce_max(double* buf, int64_t n) override;
   void do_all_reduce_sum(double* buf, int64_t n) override;
   Request do_iall_reduce_sum(float* buf, int64_t n) override;

@@ -82,4 +82,22 @@ ProcessMesh::ProcessMesh(Communicator& world, int tp, int pp)
   tp_ = make(MeshAxis::tp);
 }
 
+Communicator& ProcessMesh::ep(int size) {
+  LOOM_CHECK(size >= 1 && shape_.dp % size == 0, "expert_parallel.size " + std::to_string(size) +
+                                                     " does not divide the data-parallel size " +
+                                                     std::to_string(shape_.dp) + " (" +
+                                                     shape_name(shape_) + ")");
+  if (ep_) {
+    LOOM_CHECK(ep_->size() == size, "mesh: expert-parallel group made with size " +
+                                        std::to_string(ep_->size()) + ", asked for " +
+                                        std::to_string(size));
+    return *ep_;
+  }
+  ep_ = dp_->split(coord_.dp / size, coord_.dp % size);
+  LOOM_CHECK(ep_->size() == size && ep_->rank() == coord_.dp % size,
+             "mesh: expert-parallel split gave rank " + std::to_string(ep_->rank()) + " of " +
+                 std::to_string(ep_->size()));
+  return *ep_;
+}
+
 }  // namespace loom::dist

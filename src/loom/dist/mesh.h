@@ -55,12 +55,17 @@ class ProcessMesh {
   Communicator& pp() { return *pp_; }
   // Ranks with the same (dp, pp): one tensor-parallel layer's shards.
   Communicator& tp() { return *tp_; }
+  // Expert parallelism (nn/moe.h), inside the data-parallel group: its ranks in runs of
+  // `size` consecutive dp ranks (dp ranks d with the same d / size), group rank d % size.
+  // Collective over dp on the first call (made once, then the same group); size must
+  // divide the dp size (an error naming expert_parallel.size).
+  Communicator& ep(int size);
 
  private:
   Communicator& world_;
   MeshShape shape_;
   MeshCoord coord_;
-  std::unique_ptr<Communicator> dp_, pp_, tp_;
+  std::unique_ptr<Communicator> dp_, pp_, tp_, ep_;
 };
 
 }  // namespace loom::dist

@@ -21,6 +21,13 @@ MoE::MoE(ParamStore& ps, const std::string& name, const MoeSpec& s, float init_s
     shared_.emplace(ps, name + ".shared_experts", s.hidden, s.inter * s.n_shared, init_std);
 }
 
+void MoE::set_expert_parallel(const ExpertParallel& ep) {
+  LOOM_CHECK(s_.router.n_experts % ep.size() == 0,
+             "expert_parallel.size " + std::to_string(ep.size()) +
+                 " does not divide n_routed_experts " + std::to_string(s_.router.n_experts));
+  ep_ = ep;
+}
+
 std::vector<Linear*> MoE::linears() {
   std::vector<Linear*> out;
   for (auto& e : experts_)
@@ -34,11 +41,57 @@ void MoE::release_activations() {
   for (auto& e : experts_) e->release_activations();
   router_.release_activations();
   if (shared_) shared_->release_activations();
-  xs_ = y_ = Tensor();
+  xs_ = xr_ = ys_ = y_ = Tensor();
+}
+
+namespace {
+void copy_rows(float* dst, const float* src, const std::vector<int64_t>& to, int64_t C) {
+  const int64_t n = static_cast<int64_t>(to.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) std::memcpy(dst + to[i] * C, src + i * C, C * sizeof(float));
+}
+void take_rows(float* dst, const float* src, const std::vector<int64_t>& from, int64_t C) {
+  const int64_t n = static_cast<int64_t>(from.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * C, src + from[i] * C, C * sizeof(float));
+}
+}  // namespace
+
+const Tensor& MoE::to_experts(const Tensor& sorted, Tensor& into) {
+  if (!ep_.active()) return sorted;
+  const int64_t C = s_.hidden, P = ep_.size(), R = static_cast<int64_t>(perm_.size());
+  std::vector<int64_t> sc(P), rc(P);
+  for (int64_t r = 0; r < P; ++r) {
+    sc[r] = send_rows_[r] * C;
+    rc[r] = recv_rows_[r] * C;
+  }
+  Tensor received = Tensor::zeros({R, C});
+  ep_.comm->all_to_all(sorted.f32(), sc.data(), received.f32(), rc.data());
+  ensure(into, {R, C});
+  copy_rows(into.f32(), received.f32(), perm_, C);
+  return into;
+}
+
+void MoE::from_experts(const Tensor& rows, const Tensor& into) {
+  const int64_t C = s_.hidden;
+  if (!ep_.active()) {
+    into.copy_from(rows);
+    return;
+  }
+  const int64_t P = ep_.size(), R = static_cast<int64_t>(perm_.size());
+  Tensor back = Tensor::zeros({R, C});  // received order
+  take_rows(back.f32(), rows.f32(), perm_, C);
+  std::vector<int64_t> sc(P), rc(P);
+  for (int64_t r = 0; r < P; ++r) {
+    sc[r] = recv_rows_[r] * C;
+    rc[r] = send_rows_[r] * C;
+  }
+  ep_.comm->all_to_all(back.f32(), sc.data(), into.f32(), rc.data());
 }
 
 const Tensor& MoE::forward(const Tensor& x) {
   const int64_t C = s_.hidden, E = s_.router.n_experts, K = s_.router.top_k, N = x.numel() / C;
+  const int64_t P = ep_.size(), L = E / P, first = ep_.rank() * L;
   router_.forward(x);
   const std::vector<int32_t>& idx = router_.experts();
   // Counting sort of the (token, slot) pairs by expert, tokens in order within each.
@@ -49,10 +102,53 @@ const Tensor& MoE::forward(const Tensor& x) {
   slot_.resize(static_cast<size_t>(N * K));
   for (int64_t i = 0; i < N * K; ++i) slot_[i] = next[idx[i]]++;
   ensure(xs_, {N * K, C});
-  const float* xp = x.f32();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < N * K; ++i)
-    std::memcpy(xs_.f32() + slot_[i] * C, xp + (i / K) * C, C * sizeof(float));
+  take_rows(
+      xs_.f32(), x.f32(),
+      [&] {
+        std::vector<int64_t> src(static_cast<size_t>(N * K));  // sorted row -> token
+        for (int64_t i = 0; i < N * K; ++i) src[slot_[i]] = i / K;
+        return src;
+      }(),
+      C);
+
+  // This rank's experts' rows: its own tokens', or under EP every group rank's, regrouped.
+  eoff_.assign(static_cast<size_t>(L + 1), 0);
+  if (ep_.active()) {
+    std::vector<int64_t> send_per(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) send_per[e] = off_[e + 1] - off_[e];
+    recv_per_.assign(static_cast<size_t>(E), 0);  // [source][local expert]
+    ep_.comm->all_to_all_counts(send_per.data(), recv_per_.data(), L);
+    send_rows_.assign(static_cast<size_t>(P), 0);
+    recv_rows_.assign(static_cast<size_t>(P), 0);
+    dispatched_ = 0;
+    for (int64_t r = 0; r < P; ++r)
+      for (int64_t j = 0; j < L; ++j) {
+        send_rows_[r] += send_per[r * L + j];
+        recv_rows_[r] += recv_per_[r * L + j];
+        eoff_[j + 1] += recv_per_[r * L + j];
+        if (r != ep_.rank()) dispatched_ += send_per[r * L + j] * C;
+      }
+    for (int64_t j = 0; j < L; ++j) eoff_[j + 1] += eoff_[j];
+    // Received order is [source][expert]; the expert order [expert][source].
+    perm_.clear();
+    std::vector<int64_t> at(eoff_.begin(), eoff_.end() - 1);
+    for (int64_t r = 0; r < P; ++r)
+      for (int64_t j = 0; j < L; ++j)
+        for (int64_t i = 0; i < recv_per_[r * L + j]; ++i) perm_.push_back(at[j]++);
+  } else {
+    for (int64_t j = 0; j < L; ++j) eoff_[j + 1] = off_[j + 1];
+    dispatched_ = 0;
+  }
+  const Tensor& rows = to_experts(xs_, xr_);
+  // Each of this rank's experts on its rows; outputs gathered in the same order.
+  Tensor out = Tensor::zeros({eoff_[L], C});
+  for (int64_t j = 0; j < L; ++j)
+    if (eoff_[j + 1] > eoff_[j]) {
+      const Tensor& o = experts_[first + j]->forward(rows.slice0(eoff_[j], eoff_[j + 1]));
+      std::memcpy(out.f32() + eoff_[j] * C, o.f32(), o.numel() * sizeof(float));
+    }
+  ensure(ys_, {N * K, C});
+  from_experts(out, ys_);
 
   ensure(y_, x.shape());
   if (shared_) {
@@ -60,18 +156,13 @@ const Tensor& MoE::forward(const Tensor& x) {
   } else {
     y_.zero_();
   }
-  // Each expert on its rows; outputs stay in the expert's down_proj (its output()).
-  std::vector<const float*> out(static_cast<size_t>(E), nullptr);
-  for (int64_t e = 0; e < E; ++e)
-    if (off_[e + 1] > off_[e])
-      out[e] = experts_[e]->forward(xs_.slice0(off_[e], off_[e + 1])).f32();
   const float* w = router_.weights().f32();
   float* yp = y_.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t)
     for (int64_t k = 0; k < K; ++k) {
-      const int64_t i = t * K + k, e = idx[i];
-      const float* r = out[e] + (slot_[i] - off_[e]) * C;
+      const int64_t i = t * K + k;
+      const float* r = ys_.f32() + slot_[i] * C;
       float* y = yp + t * C;
       for (int64_t c = 0; c < C; ++c) y[c] += w[i] * r[c];
     }
@@ -80,20 +171,16 @@ const Tensor& MoE::forward(const Tensor& x) {
 
 void MoE::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch) {
   const int64_t C = s_.hidden, E = s_.router.n_experts, K = s_.router.top_k, N = dy.numel() / C;
-  const std::vector<int32_t>& idx = router_.experts();
+  const int64_t L = E / ep_.size(), first = ep_.rank() * L;
   const float* w = router_.weights().f32();
   if (shared_) shared_->backward(dy, dx, scratch);
-  // dys[row of (t, k)] = w[t, k] dy[t]; dw[t, k] = dy[t] . expert output row.
+  // dys[row of (t, k)] = w[t, k] dy[t]; dw[t, k] = dy[t] . ys[row of (t, k)].
   Tensor dys = scratch.zeros("moe.dys", {N * K, C});
   Tensor dw = scratch.zeros("moe.dw", {N, K});
-  std::vector<const float*> out(static_cast<size_t>(E), nullptr);
-  for (int64_t e = 0; e < E; ++e)
-    if (off_[e + 1] > off_[e]) out[e] = experts_[e]->linears()[2]->output().f32();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N * K; ++i) {
-    const int64_t e = idx[i];
     const float* g = dy.f32() + (i / K) * C;
-    const float* r = out[e] + (slot_[i] - off_[e]) * C;
+    const float* r = ys_.f32() + slot_[i] * C;
     float* d = dys.f32() + slot_[i] * C;
     float dot = 0.0f;
     for (int64_t c = 0; c < C; ++c) {
@@ -102,11 +189,15 @@ void MoE::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch) {
     }
     dw.f32()[i] = dot;
   }
+  Tensor dye_buf;
+  const Tensor& dye = to_experts(dys, dye_buf);
+  Tensor dxe = scratch.zeros("moe.dxe", {eoff_[L], C});
+  for (int64_t j = 0; j < L; ++j)
+    if (eoff_[j + 1] > eoff_[j])
+      experts_[first + j]->backward(dye.slice0(eoff_[j], eoff_[j + 1]),
+                                    dxe.slice0(eoff_[j], eoff_[j + 1]), scratch);
   Tensor dxs = scratch.zeros("moe.dxs", {N * K, C});
-  for (int64_t e = 0; e < E; ++e)
-    if (off_[e + 1] > off_[e])
-      experts_[e]->backward(dys.slice0(off_[e], off_[e + 1]), dxs.slice0(off_[e], off_[e + 1]),
-                            scratch);
+  from_experts(dxe, dxs);
   float* dxp = dx.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t)

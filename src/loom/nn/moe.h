@@ -7,8 +7,18 @@
 //   forward : x [B, T, C] -> y [B, T, C]
 //   backward: dy -> dx += ...
 // Dispatch: the N*K (token, slot) pairs are sorted by expert (tokens in order within an
-// expert) into rows xs [N*K, C]; expert e runs once on its rows [off[e], off[e+1]). That
-// sorted layout is what an expert-parallel exchange sends. dw[t, k] = dy[t] . expert output.
+// expert) into rows xs [N*K, C]; each expert runs once on its rows, and its outputs come
+// back to the same sorted rows ys; dw[t, k] = dy[t] . ys[row of (t, k)].
+// Expert parallelism (set_expert_parallel, Megatron's and DeepSpeed's): the ep ranks (a
+// group inside the data-parallel ranks) each run experts [r E/P, (r+1) E/P) for the tokens
+// of every rank of the group. The sorted rows for rank r's experts are contiguous, so the
+// exchange is: per-expert row counts (all_to_all_counts), then the rows (all_to_all); the
+// received rows [source][expert] are regrouped by expert, run, put back in received order
+// and returned with the reverse all_to_all. Backward runs the same exchanges on the
+// gradients. Every rank of the group must run the same MoE layers in the same order.
+// The expert weights are still declared whole on every rank (each computes and gets
+// gradients only for its own experts; the data-parallel sum then adds the owners' parts),
+// so EP splits the experts' compute and moves tokens, not yet their memory.
 #pragma once
 
 #include <memory>
@@ -16,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/dist/communicator.h"
 #include "loom/nn/buffers.h"
 #include "loom/nn/moe_router.h"
 #include "loom/nn/swiglu_mlp.h"
@@ -28,6 +39,13 @@ struct MoeSpec {
   RouterSpec router;
 };
 
+struct ExpertParallel {
+  dist::Communicator* comm = nullptr;  // the ep group; null: one rank runs every expert
+  int size() const { return comm ? comm->size() : 1; }
+  int rank() const { return comm ? comm->rank() : 0; }
+  bool active() const { return size() > 1; }
+};
+
 class MoE {
  public:
   MoE(ParamStore& ps, const std::string& name, const MoeSpec& s, float init_std);
@@ -36,16 +54,36 @@ class MoE {
   std::vector<Linear*> linears();
   void release_activations();
   Router& router() { return router_; }
+  // Splits the routed experts over ep's ranks (the size must divide n_routed_experts: an
+  // error naming expert_parallel.size otherwise).
+  void set_expert_parallel(const ExpertParallel& ep);
+  // Floats this rank sent to other ranks in its last forward's token exchange (the
+  // returns of backward's exchange are the same amount again).
+  int64_t dispatch_floats() const { return dispatched_; }
 
  private:
+  // Rows in the sorted order [N*K, C] -> this rank's experts' rows in expert order [R, C]
+  // (exchanged under EP; the same tensor on one rank). `into` holds the result.
+  const Tensor& to_experts(const Tensor& sorted, Tensor& into);
+  // The reverse: expert-order rows [R, C] -> the sorted order [N*K, C] in `into`.
+  void from_experts(const Tensor& rows, const Tensor& into);
+
   MoeSpec s_;
   std::vector<std::unique_ptr<SwiGluMLP>> experts_;
   Router router_;
   std::optional<SwiGluMLP> shared_;
+  ExpertParallel ep_;
   std::vector<int64_t> off_;   // [E + 1]: expert e's rows of xs_
   std::vector<int64_t> slot_;  // [N*K]: row of xs_ that (token t, slot k) went to
-  Tensor xs_;                  // [N*K, C] the tokens' rows in expert order
-  Tensor y_;                   // [B, T, C]
+  // Under EP: rows to / from each rank, per-expert counts received ([source][local expert]),
+  // and where received row i sits in the expert order.
+  std::vector<int64_t> send_rows_, recv_rows_, recv_per_, perm_;
+  std::vector<int64_t> eoff_;  // [local experts + 1]: their rows in the expert order
+  int64_t dispatched_ = 0;
+  Tensor xs_;  // [N*K, C] the tokens' rows in expert order
+  Tensor xr_;  // [R, C] under EP: the rows this rank's experts run on
+  Tensor ys_;  // [N*K, C] the experts' outputs, sorted as xs_
+  Tensor y_;   // [B, T, C]
 };
 
 }  // namespace loom::nn

@@ -18,6 +18,7 @@ std::vector<ExpertLoad> balance_experts(const std::vector<models::MoeLayer>& lay
     std::fill(load.begin(), load.end(), 0);
     ExpertLoad s;
     s.layer = l.layer;
+    s.dispatch_bytes = l.moe->dispatch_floats() * static_cast<int64_t>(sizeof(float));
     s.min = static_cast<int64_t>(*std::min_element(sum.begin(), sum.end()));
     s.max = static_cast<int64_t>(*std::max_element(sum.begin(), sum.end()));
     for (double v : sum) s.mean += v;

@@ -22,6 +22,10 @@ struct ExpertLoad {
   int64_t min = 0, max = 0;  // tokens of the least and most loaded expert
   double mean = 0.0;
   float bias_min = 0.0f, bias_max = 0.0f;  // after the update (0 without a bias)
+  // Expert parallelism: bytes this rank sent to other ranks in the layer's forward token
+  // exchange of its last micro-batch (returns and backward's exchanges send as much again
+  // each); 0 without.
+  int64_t dispatch_bytes = 0;
 };
 
 std::vector<ExpertLoad> balance_experts(const std::vector<models::MoeLayer>& layers,

@@ -196,6 +196,7 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
              "pipeline_parallel",
              "activation_checkpointing",
              "moe",
+             "expert_parallel",
              "trace"});
   TrainConfig c;
   c.raw = j;
@@ -461,6 +462,19 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
                rz.key("contiguous_gradients") +
                    ": false is not supported (gradients are "
                    "always in one flat buffer)");
+  }
+  if (j.contains("expert_parallel")) {  // nn/moe.h; the size must divide dp (checked below)
+    Reader re{where, "expert_parallel."};
+    re.only(j["expert_parallel"], {"size"});
+    c.expert_parallel = static_cast<int>(re.integer(j["expert_parallel"], "size", 1, 1));
+    LOOM_CHECK(dp % c.expert_parallel == 0, re.key("size") + " " +
+                                                std::to_string(c.expert_parallel) +
+                                                " does not divide the " + dp_size);
+    LOOM_CHECK(c.expert_parallel == 1 || c.pipeline.size == 1,
+               re.key("size") + " > 1 with pipeline_parallel is not supported yet");
+    LOOM_CHECK(
+        c.expert_parallel == 1 || c.zero.stage <= 2,
+        re.key("size") + " > 1 with zero_optimization.stage 3 is not supported (stages 0-2 are)");
   }
   if (j.contains("moe")) {  // mixture-of-experts training rules (optim/expert_balance.h)
     Reader rm{where, "moe."};

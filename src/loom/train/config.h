@@ -83,6 +83,9 @@ struct TrainConfig {
   // moe.bias_update_rate: DeepSeek-V3's auxiliary-loss-free balancing step (Megatron's
   // moe_router_bias_update_rate; the paper's gamma, 1e-3); 0 (default): the bias stays.
   double moe_bias_update_rate = 0.0;
+  // expert_parallel.size: ranks (inside the data-parallel group) the routed experts of a
+  // mixture-of-experts model split over (nn/moe.h); 1: every rank runs every expert.
+  int expert_parallel = 1;
   int64_t checkpoint_interval = 0;  // steps between checkpoints (0: only the final one)
   std::string resume_from;          // a checkpoint folder to continue from
   nlohmann::json raw;               // the resolved JSON, saved beside the outputs

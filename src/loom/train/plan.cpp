@@ -165,8 +165,7 @@ std::vector<StageShape> stage_shapes(const ModelSource& src, int tp, bool sp,
       if (!p->trainable) s.frozen_bytes += src.frozen_bytes(*p);
       // A KV prefix runs once per step, not per token.
       const bool matmul = ((p->kind == nn::ParamKind::Weight || p->kind == nn::ParamKind::Router) &&
-                            p->shape.size() == 2 &&
-                           m.unit_of(p->name) != prefix_unit) ||
+                           p->shape.size() == 2 && m.unit_of(p->name) != prefix_unit) ||
                           p.get() == head;
       if (!matmul) continue;
       // Per token: forward 2n, the input's gradient 2n, the weight's gradient 2n if trained.

@@ -19,8 +19,8 @@
 #include "loom/kernels/cpu/matmul_bf16.h"
 #include "loom/models/peft.h"
 #include "loom/models/registry.h"
-#include "loom/nn/weight_ops.h"
 #include "loom/nn/moe.h"
+#include "loom/nn/weight_ops.h"
 #include "loom/optim/clip.h"
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/pipeline_schedule.h"
@@ -228,6 +228,19 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
   }
   engine_ = std::make_unique<parallel::ZeroEngine>(*model_, *dp_, cfg_.zero, cfg.adamw, tp_);
   for (auto& c : contexts_) engine_->add_context(*c);  // now over the engine's layout
+  if (cfg.expert_parallel > 1) {
+    LOOM_CHECK(!model_->moe_layers().empty(), "config key 'expert_parallel.size': the " +
+                                                  model_->arch() +
+                                                  " model has no mixture-of-experts layers");
+    ep_ = &mesh_->ep(cfg.expert_parallel);
+    const nn::ExpertParallel ep{ep_};
+    for (models::CausalLM* m : [&] {
+           std::vector<models::CausalLM*> all = {model_.get()};
+           for (auto& c : contexts_) all.push_back(c.get());
+           return all;
+         }())
+      for (const models::MoeLayer& l : m->moe_layers()) l.moe->set_expert_parallel(ep);
+  }
   if (cfg.moe_bias_update_rate > 0.0) {
     bool bias = false;
     for (const models::MoeLayer& l : model_->moe_layers())
@@ -582,9 +595,9 @@ void Trainer::run() {
   trace::enable(tracing);
   double elapsed = 0.0;
   int64_t comm_bytes = 0;
-  auto sent_so_far = [&] {  // over this rank's three groups
+  auto sent_so_far = [&] {  // over this rank's groups
     return dp_->stats().bytes_sent + mesh_->tp().stats().bytes_sent +
-           mesh_->pp().stats().bytes_sent;
+           mesh_->pp().stats().bytes_sent + (ep_ ? ep_->stats().bytes_sent : 0);
   };
   while (step_ < cfg_.train_steps) {
     const int64_t sent0 = sent_so_far();
@@ -612,6 +625,7 @@ void Trainer::run() {
         m["tokens_mean"].push_back(l.mean);
         m["bias_min"].push_back(l.bias_min);
         m["bias_max"].push_back(l.bias_max);
+        if (ep_) m["dispatch_bytes"].push_back(l.dispatch_bytes);
       }
       row["moe"] = m;
     }

@@ -113,7 +113,8 @@ class Trainer {
   std::unique_ptr<dist::Communicator> own_world_;  // a LocalComm when no mesh was given
   std::unique_ptr<dist::ProcessMesh> own_mesh_;
   dist::ProcessMesh* mesh_;
-  dist::Communicator* dp_;  // mesh_->dp(): the batch's ranks
+  dist::Communicator* dp_;            // mesh_->dp(): the batch's ranks
+  dist::Communicator* ep_ = nullptr;  // mesh_->ep(): expert parallelism's group, when on
   nn::TensorParallel tp_;
   std::unique_ptr<models::CausalLM> model_;
   // Pipeline parallel: the stage's schedule, and its activation contexts beyond model_.

@@ -86,8 +86,9 @@ RunRecord record_run(Trainer& t, int64_t steps) {
   if (t.mesh().dp_rank() == 0) {
     nn::FullTensors full(t.model().params(), t.tensor_parallel());
     if (t.mesh().tp_rank() == 0) {
+      // Trained parameters and buffers a training rule moves (the MoE correction bias).
       for (auto& p : t.model().params().all())
-        if (p->trainable)
+        if (p->trainable || p->kind == nn::ParamKind::Buffer)
           r.params[p->name].assign(p->value.f32(), p->value.f32() + p->value.numel());
       gather_stages(t.mesh().pp(), r.params);
       if (t.mesh().world().rank() != 0) r.params.clear();
@@ -101,6 +102,7 @@ nlohmann::json one_process_config(const TrainConfig& cfg) {
   nlohmann::json j = cfg.raw;
   j.erase("tensor_parallel");
   j.erase("pipeline_parallel");
+  j.erase("expert_parallel");
   j["train_micro_batch_size_per_gpu"] = cfg.micro_batch;
   j["gradient_accumulation_steps"] = cfg.grad_accum * cfg.data_parallel;
   j["train_batch_size"] = cfg.train_batch;

@@ -5,7 +5,8 @@
 //      kept, gradient accumulation multiplied by the data-parallel size, tensor parallel
 //      off, so the sample order and the activation shapes are those of the job);
 //   3. rank 0 compares every step's loss and gradient norm, the eval loss before and after
-//      (when the config has validation data) and the final trainable parameters, each as a
+//      (when the config has validation data) and the final trainable parameters (and
+//      buffers a training rule moves: the MoE correction bias), each as a
 //      relative difference against the one-process value.
 // The layouts differ only in fp32 summation order, so differences stay near 1e-7; a wrong
 // reduction, shard boundary or sample slice shows up as 1e-3 and more.
@@ -27,15 +28,15 @@ namespace loom::train {
 struct RunRecord {
   std::vector<double> losses, grad_norms;  // per step
   std::vector<double> eval_losses;         // before the first step, after the last (or NaN)
-  std::map<std::string, std::vector<float>> params;  // trainable, full values (rank 0 only)
+  std::map<std::string, std::vector<float>> params;  // trained + buffers, full (rank 0 only)
 };
 
 // Trains `t` until it has done `steps` steps and records the run. Collective.
 RunRecord record_run(Trainer& t, int64_t steps);
 
 // The config (JSON, as parse_config takes it) that runs `cfg`'s global batch on one
-// process: the same micro batch with data_parallel times the accumulation, no tensor
-// parallelism.
+// process: the same micro batch with data_parallel times the accumulation, no tensor,
+// pipeline or expert parallelism.
 nlohmann::json one_process_config(const TrainConfig& cfg);
 
 struct Difference {
