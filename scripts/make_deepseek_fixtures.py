@@ -34,11 +34,15 @@ COMMON = dict(vocab_size=V, hidden_size=32, intermediate_size=64, moe_intermedia
               bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
 
 CONFIGS = {
-    # q_lora_rank, group-limited choice (4 groups of 2, keep 2), interleaved rope, Dv < Dq.
+    # q_lora_rank, group-limited choice (4 groups of 2, keep 2), interleaved rope, Dv < Dq,
+    # yarn (as V3 and V2-Lite ship) with mscale != mscale_all_dim: tables and scores scaled.
     "deepseek_v3_tiny": transformers.DeepseekV3Config(
         **COMMON, q_lora_rank=24, v_head_dim=12, n_shared_experts=1, num_experts_per_tok=2,
         n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
-        rope_interleave=True),
+        rope_interleave=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8}),
     # A direct q_proj, no groups, rotate-half rope, Dv > Dq, two shared experts, top-3.
     "deepseek_v3_noq_tiny": transformers.DeepseekV3Config(
         **COMMON, q_lora_rank=None, v_head_dim=24, n_shared_experts=2, num_experts_per_tok=3,

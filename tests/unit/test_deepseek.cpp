@@ -45,8 +45,8 @@ TEST(Deepseek, ConfigRefusesWhatLoomDoesNotImplementByKey) {
             std::string::npos);
   EXPECT_NE(refusal(v3, {{"num_experts_per_tok", 9}}).find("num_experts_per_tok 9"),
             std::string::npos);
-  EXPECT_NE(refusal(v3, {{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}}}})
-                .find("rope_scaling type 'yarn'"),
+  EXPECT_NE(refusal(v3, {{"rope_parameters", {{"rope_type", "dynamic"}, {"factor", 4.0}}}})
+                .find("rope_scaling type 'dynamic'"),
             std::string::npos);
   EXPECT_NE(refusal(v3, {{"hidden_act", "gelu"}}).find("hidden_act 'gelu'"), std::string::npos);
   EXPECT_NO_THROW(models::make_model(v3, "config.json"));

@@ -124,7 +124,7 @@ void Decoder::rope_tables(const int32_t* pos, int64_t n, Tensor& cos, Tensor& si
   const int64_t half = static_cast<int64_t>(spec_.rope_inv_freq.size());
   cos = Tensor::zeros({n, half});  // new tensors: attention keeps the last forward's tables
   sin = Tensor::zeros({n, half});
-  kernels::rope_tables(cos.f32(), sin.f32(), pos, n, spec_.rope_inv_freq);
+  kernels::rope_tables(cos.f32(), sin.f32(), pos, n, spec_.rope_inv_freq, spec_.rope_scale);
 }
 
 void Decoder::set_positions() {

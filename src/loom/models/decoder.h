@@ -63,6 +63,7 @@ struct DecoderSpec {
   bool tied_head = true;
   float init_std = 0.02f;
   std::vector<float> rope_inv_freq;  // rotary embeddings (D/2 frequencies); empty: none
+  float rope_scale = 1.0f;           // the tables' multiplier (yarn's attention factor)
   nn::TensorParallel tp;
   StageRange stage;
   // Builders, called in parameter-declaration order: blocks 0..layers-1, then the final norm.

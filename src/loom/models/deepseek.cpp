@@ -160,7 +160,13 @@ nn::MlaDims mla_dims(const DeepseekConfig& c) {
   d.v = c.v_head_dim;
   d.bias = c.attention_bias;
   d.interleave = c.rope_interleave;
-  d.scale = 1.0f / std::sqrt(static_cast<float>(c.qk_nope_head_dim + c.qk_rope_head_dim));
+  // transformers' yarn_apply_mscale: MLA also scales the scores by mscale_all_dim's mscale^2.
+  double scale = 1.0 / std::sqrt(static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim));
+  if (c.rope_scaling.type != "default" && c.rope_scaling.mscale_all_dim != 0.0) {
+    const double m = kernels::yarn_mscale(c.rope_scaling.factor, c.rope_scaling.mscale_all_dim);
+    scale *= m * m;
+  }
+  d.scale = static_cast<float>(scale);
   return d;
 }
 
@@ -218,6 +224,7 @@ DecoderSpec deepseek_spec(const DeepseekConfig& c, const nn::TensorParallel& tp,
   s.kv_width = c.kv_lora_rank + c.qk_rope_head_dim;
   s.cache_values = false;
   s.rope_inv_freq = kernels::rope_inv_freq(c.qk_rope_head_dim, c.rope_theta, c.rope_scaling);
+  s.rope_scale = static_cast<float>(kernels::rope_attention_factor(c.rope_scaling));
   s.make_block = [c, moe](nn::ParamStore& ps, const std::string& name) {
     return deepseek_block(ps, name, c, moe);
   };

@@ -44,15 +44,29 @@ inline HfRope hf_rope(const nlohmann::json& j, const std::string& where) {
   if (!rs.is_object()) return r;
   if (rs.contains("rope_theta")) r.theta = hf_num(rs, "rope_theta", 1e4, where);
   const std::string type = rs.value("rope_type", rs.value("type", std::string("default")));
-  LOOM_CHECK(
-      type == "default" || type == "linear" || type == "llama3",
-      where + ": rope_scaling type '" + type + "' is not supported (default, linear, llama3)");
+  LOOM_CHECK(type == "default" || type == "linear" || type == "llama3" || type == "yarn",
+             where + ": rope_scaling type '" + type +
+                 "' is not supported (default, linear, llama3, yarn)");
   r.scaling.type = type;
   r.scaling.factor = hf_num(rs, "factor", 1.0, where);
   r.scaling.low_freq_factor = hf_num(rs, "low_freq_factor", 1.0, where);
   r.scaling.high_freq_factor = hf_num(rs, "high_freq_factor", 4.0, where);
   r.scaling.original_max_position_embeddings =
       hf_int(rs, "original_max_position_embeddings", 8192, where);
+  if (type == "yarn") {
+    LOOM_CHECK(rs.contains("original_max_position_embeddings"),
+               where + ": rope_scaling type 'yarn' needs original_max_position_embeddings");
+    // No factor: the ratio of the context to the pretrained one (transformers' rule).
+    if (!rs.contains("factor") || rs["factor"].is_null())
+      r.scaling.factor = static_cast<double>(hf_int(j, "max_position_embeddings", 0, where)) /
+                         static_cast<double>(r.scaling.original_max_position_embeddings);
+    r.scaling.beta_fast = hf_num(rs, "beta_fast", 32.0, where);
+    r.scaling.beta_slow = hf_num(rs, "beta_slow", 1.0, where);
+    r.scaling.mscale = hf_num(rs, "mscale", 0.0, where);
+    r.scaling.mscale_all_dim = hf_num(rs, "mscale_all_dim", 0.0, where);
+    r.scaling.attention_factor = hf_num(rs, "attention_factor", 0.0, where);
+    r.scaling.truncate = rs.value("truncate", true);
+  }
   if (type != "default") r.json = rs;
   return r;
 }

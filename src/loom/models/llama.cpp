@@ -141,6 +141,7 @@ DecoderSpec llama_spec(const LlamaConfig& c, const nn::TensorParallel& tp,
   s.kv_heads = c.num_key_value_heads;
   s.kv_width = c.num_key_value_heads * c.dim_head();
   s.rope_inv_freq = kernels::rope_inv_freq(c.dim_head(), c.rope_theta, c.rope_scaling);
+  s.rope_scale = static_cast<float>(kernels::rope_attention_factor(c.rope_scaling));
   s.make_block = [c, tp](nn::ParamStore& ps, const std::string& name) {
     return llama_block(ps, name, c, tp);
   };
