@@ -4,16 +4,19 @@
 // and the auxiliary-loss-free bias update on: every loss and gradient norm, the eval loss
 // before and after, and every final parameter and correction bias within 1e-5 relative of
 // one process. Layouts: ep2 at ZeRO 0 and 2 (2 ranks); ep4 at ZeRO 0, and ep2 x dp2 at
-// ZeRO 1 (4 ranks). The token exchange's size is checked against its definition: the rows
-// this rank routes to experts it does not hold, times the hidden size.
+// ZeRO 1 (4 ranks); DeepSeek-V2 with its balance loss on at ep2. The token exchange's size
+// is checked against its definition: the rows this rank routes to experts it does not
+// hold, times the hidden size.
 #include <gtest/gtest.h>
 
 #include "common/equivalence.h"
+#include "loom/io/hf_checkpoint.h"
 #include "loom/nn/moe.h"
 
 namespace loom {
 namespace {
 
+namespace fs = std::filesystem;
 using namespace test;  // the equivalence harness (common/equivalence.h)
 
 nlohmann::json deepseek_config() {
@@ -40,6 +43,33 @@ TEST(ExpertParallel, EveryLayoutEqualsOneProcess) {
                 "ep" + std::to_string(ep) + " x dp" + std::to_string(n / ep) + " ZeRO-" +
                     std::to_string(stage));
   }
+}
+
+// DeepSeek-V2 (softmax, group_limited_greedy) with its sequence-wise balance loss on
+// (aux_loss_alpha 0.01 written into a copy of the fixture's config.json): a mean over the
+// global batch's sequences, so the layouts still equal one process.
+TEST(ExpertParallel, V2WithBalanceLossEqualsOneProcess) {
+  const fs::path dir = job_dir() / "deepseek_v2_aux";
+  if (g_world->rank() == 0) {
+    fs::create_directories(dir);
+    for (const char* f : {"config.json", "model.safetensors"})
+      fs::copy_file(fixture_dir() / "deepseek_v2_tiny" / f, dir / f,
+                    fs::copy_options::overwrite_existing);
+    nlohmann::json c = io::read_json_file(dir / "config.json");
+    c["aux_loss_alpha"] = 0.01;
+    c["seq_aux"] = true;
+    io::write_json_file(dir / "config.json", c);
+  }
+  g_world->barrier();
+  nlohmann::json j = base_config("llama");
+  j["model"] = dir.string();
+  const Trained ref = reference(j);
+  const int n = g_world->size();
+  nlohmann::json je = j;
+  je["expert_parallel"] = {{"size", 2}};
+  je["zero_optimization"] = {{"stage", n == 4 ? 1 : 0}};
+  const Trained got = train_on(je, *g_world, 20);
+  expect_same(ref, got, 0, "V2 with balance loss, ep2 x dp" + std::to_string(n / 2));
 }
 
 TEST(ExpertParallel, ExchangeSendsTheRowsOfOtherRanksExperts) {

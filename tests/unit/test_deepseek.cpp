@@ -162,6 +162,73 @@ TEST(Deepseek, FullAndLoraFineTuningLowerTheLoss) {
 namespace loom {
 namespace {
 
+// V2's sequence-wise balance loss: the router's gradient of <y, R> + r * aux (r: the loss
+// scale the trainer passes) against central differences, for the router weight and the
+// input; and the loss changes the gradient (alpha 0 gives another).
+TEST(ExpertBalance, BalanceLossGradientMatchesFiniteDifferences) {
+  for (const float alpha : {0.3f, 0.0f}) {
+    nn::ParamStore ps;
+    nn::MoeSpec s;
+    s.hidden = 6;
+    s.inter = 4;
+    s.n_shared = 1;
+    s.router = {.hidden = 6, .n_experts = 4, .top_k = 2, .sigmoid = false, .aux_alpha = alpha};
+    nn::MoE moe(ps, "model.layers.1.mlp", s, 0.5f);
+    ps.materialize();
+    ps.init(7);
+    Tensor x = Tensor::zeros({2, 5, 6}), dx = Tensor::zeros({2, 5, 6});
+    test::fill_normal(x, 3);
+    nn::Scratch scratch;
+    nn::Parameter* w = moe.router().weight();
+    // out = [y (60 values), aux]: <out, R> = <y, R[:60]> + R[60] aux.
+    auto forward = [&] {
+      moe.router().set_aux_loss(0.5, 1.0);  // 2 sequences
+      const Tensor& y = moe.forward(x);
+      Tensor out = Tensor::zeros({y.numel() + 1});
+      std::copy(y.f32(), y.f32() + y.numel(), out.f32());
+      out.f32()[y.numel()] = static_cast<float>(moe.router().last_aux_loss());
+      return out;
+    };
+    auto backward = [&](const Tensor& R) {
+      forward();
+      moe.router().set_aux_loss(0.5, R.f32()[60]);
+      ps.zero_grads();
+      dx.zero_();
+      moe.backward(R.slice0(0, 60).reshape({2, 5, 6}), dx, scratch);
+    };
+    const double worst = test::gradcheck(
+        forward, backward, {{"router weight", w->value, w->grad}, {"x", x, dx}}, 2e-2, 1e-3f);
+    EXPECT_LT(worst, 2e-2) << "alpha " << alpha;
+    if (alpha == 0) {
+      EXPECT_EQ(moe.router().last_aux_loss(), 0.0);
+      continue;
+    }
+    // The balance loss alone (dy = 0): its gradient per router weight element against
+    // central differences of the loss (the routing stays put for so small a step).
+    moe.router().set_aux_loss(0.5, 1.0);
+    moe.forward(x);
+    ps.zero_grads();
+    dx.zero_();
+    moe.backward(Tensor::zeros({2, 5, 6}), dx, scratch);
+    std::vector<float> g(w->grad.f32(), w->grad.f32() + w->grad.numel());
+    double worst_abs = 0, scale = 0;
+    for (int64_t i = 0; i < w->value.numel(); ++i) {
+      const float v = w->value.f32()[i], eps = 1e-3f;
+      w->value.f32()[i] = v + eps;
+      moe.forward(x);
+      const double up = moe.router().last_aux_loss();
+      w->value.f32()[i] = v - eps;
+      moe.forward(x);
+      const double down = moe.router().last_aux_loss();
+      w->value.f32()[i] = v;
+      worst_abs = std::max(worst_abs, std::fabs((up - down) / (2 * eps) - g[i]));
+      scale = std::max(scale, std::fabs(double(g[i])));
+    }
+    EXPECT_GT(scale, 1e-3);
+    EXPECT_LT(worst_abs, 1e-2 * scale);
+  }
+}
+
 TEST(ExpertBalance, BiasMovesTowardBalanceAndCountsReset) {
   nn::ParamStore ps;
   nn::MoeSpec s;

@@ -85,6 +85,12 @@ DeepseekConfig DeepseekConfig::from_hf(const nlohmann::json& j, const std::strin
                where + ": topk_method '" + c.topk_method +
                    "' is not supported for deepseek_v2 (greedy, group_limited_greedy)");
     if (c.topk_method == "greedy") c.n_group = c.topk_group = 1;
+    c.aux_loss_alpha = hf_num(j, "aux_loss_alpha", 0.0, where);
+    LOOM_CHECK(c.aux_loss_alpha >= 0.0, where + ": key 'aux_loss_alpha' must be >= 0");
+    LOOM_CHECK(c.aux_loss_alpha == 0.0 || j.value("seq_aux", true),
+               where +
+                   ": seq_aux=false (the batch-wise balance loss) is not supported; "
+                   "seq_aux=true is");
   }
   if (c.n_routed_experts > 0) {
     LOOM_CHECK(c.num_experts_per_tok >= 1 && c.num_experts_per_tok <= c.n_routed_experts,
@@ -128,6 +134,10 @@ nlohmann::json DeepseekConfig::to_hf() const {
   j["norm_topk_prob"] = norm_topk_prob;
   j["routed_scaling_factor"] = routed_scaling_factor;
   j["scoring_func"] = v3() ? "sigmoid" : "softmax";
+  if (!v3()) {
+    j["aux_loss_alpha"] = aux_loss_alpha;
+    j["seq_aux"] = true;
+  }
   j["max_position_embeddings"] = max_position_embeddings;
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_theta"] = rope_theta;
@@ -184,6 +194,7 @@ nn::MoeSpec moe_spec(const DeepseekConfig& c) {
   s.router.topk_group = c.topk_group;
   s.router.norm_topk_prob = c.norm_topk_prob;
   s.router.scaling = static_cast<float>(c.routed_scaling_factor);
+  s.router.aux_alpha = static_cast<float>(c.aux_loss_alpha);
   return s;
 }
 

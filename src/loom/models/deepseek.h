@@ -31,6 +31,10 @@ struct DeepseekConfig {
   bool norm_topk_prob = false;
   double routed_scaling_factor = 1.0;
   std::string topk_method;  // V3: noaux_tc; V2: greedy | group_limited_greedy
+  // V2's sequence-wise balance loss (DeepSeek's code; transformers leaves it out). V3's
+  // complementary one (also aux_loss_alpha in its config) is not implemented: V3 trains
+  // with its bias, and the key is read as 0.
+  double aux_loss_alpha = 0.0;
   int64_t max_position_embeddings = 2048;
   float rms_norm_eps = 1e-6f;
   double rope_theta = 10000.0;

@@ -25,6 +25,8 @@ Router::Router(ParamStore& ps, const std::string& name, const RouterSpec& s, flo
              where + "topk_group " + std::to_string(s.topk_group) + " of " +
                  std::to_string(s.n_group) + " groups leaves fewer than num_experts_per_tok " +
                  std::to_string(s.top_k) + " experts to choose from");
+  LOOM_CHECK(s.aux_alpha == 0.0f || !s.sigmoid,
+             where + "aux_loss_alpha: the balance loss is implemented for softmax scores (V2)");
   wg_ = ps.add(name + ".weight", {s.n_experts, s.hidden}, ParamKind::Router, init_std);
   load_.assign(static_cast<size_t>(s.n_experts), 0);
   if (s.score_bias)
@@ -54,6 +56,28 @@ void Router::forward(const Tensor& x) {
   }
   counts_.assign(static_cast<size_t>(E), 0);
   for (int32_t e : idx_) ++counts_[e];
+  aux_value_ = 0.0;
+  if (aux_weight_ > 0.0) {
+    // Per sequence: ce from its routed counts, P its mean scores (x is [B, T, C]).
+    const int64_t B = x.ndim() == 3 ? x.dim(0) : 1;
+    seq_ = N / B;
+    ensure(ce_, {B, E});
+    ce_.zero_();
+    const float unit = static_cast<float>(E) / static_cast<float>(seq_ * K);
+    for (int64_t i = 0; i < N * K; ++i) ce_.f32()[(i / K) / seq_ * E + idx_[i]] += unit;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t e = 0; e < E; ++e) {
+        double p = 0.0;
+        for (int64_t t = 0; t < seq_; ++t) p += sc[(b * seq_ + t) * E + e];
+        aux_value_ += ce_.f32()[b * E + e] * p / static_cast<double>(seq_);
+      }
+    aux_value_ *= aux_weight_;
+  }
+}
+
+void Router::set_aux_loss(double per_sequence, double grad_scale) {
+  aux_weight_ = s_.aux_alpha * per_sequence;
+  aux_grad_scale_ = grad_scale;
 }
 
 void Router::choose(int64_t n) {
@@ -119,7 +143,7 @@ void Router::backward(const Tensor& dweights, const Tensor& dx) {
     const float* dw = dweights.f32() + n * K;
     const int32_t* idx = idx_.data() + n * K;
     // w_k = c u_k / Z (Z = sum_j u_j + 1e-20) with norm_topk_prob, else c u_k; u_k = s[idx_k].
-    std::vector<float> d(static_cast<size_t>(K));  // d loss / d u_k
+    std::vector<float> d(static_cast<size_t>(K));  // d loss / d u_k (the chosen scores)
     if (s_.norm_topk_prob) {
       float z = 1e-20f, dot = 0.0f;
       for (int64_t k = 0; k < K; ++k) {
@@ -133,15 +157,23 @@ void Router::backward(const Tensor& dweights, const Tensor& dx) {
     float* g = dl.f32() + n * E;
     if (s_.sigmoid) {
       for (int64_t k = 0; k < K; ++k) g[idx[k]] = d[k] * sn[idx[k]] * (1.0f - sn[idx[k]]);
-    } else {  // softmax: dl_e = s_e (du_e - sum_j du_j s_j), du zero off the chosen
+    } else {  // softmax: dl_e = s_e (ds_e - sum_j ds_j s_j)
+      // ds: the chosen weights' part, plus the balance loss's alpha/B * ce[b, e] / T.
+      std::vector<float> ds(static_cast<size_t>(E), 0.0f);
+      if (aux_weight_ > 0.0) {
+        const float a = static_cast<float>(aux_weight_ * aux_grad_scale_ / seq_);
+        const float* ce = ce_.f32() + (n / seq_) * E;
+        for (int64_t e = 0; e < E; ++e) ds[e] = a * ce[e];
+      }
+      for (int64_t k = 0; k < K; ++k) ds[idx[k]] += d[k];
       float dot = 0.0f;
-      for (int64_t k = 0; k < K; ++k) dot += d[k] * sn[idx[k]];
-      for (int64_t e = 0; e < E; ++e) g[e] = -sn[e] * dot;
-      for (int64_t k = 0; k < K; ++k) g[idx[k]] += sn[idx[k]] * d[k];
+      for (int64_t e = 0; e < E; ++e) dot += ds[e] * sn[e];
+      for (int64_t e = 0; e < E; ++e) g[e] = sn[e] * (ds[e] - dot);
     }
   }
   weight_backward(dx.defined() ? dx.f32() : nullptr, dl.f32(), x_.f32(), *wg_, nullptr, N);
   for (int64_t e = 0; e < E; ++e) load_[e] += counts_[e];
+  aux_sum_ += aux_value_;
 }
 
 }  // namespace loom::nn

@@ -1,6 +1,7 @@
 #include "loom/optim/expert_balance.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "loom/nn/moe.h"
 
@@ -12,12 +13,16 @@ std::vector<ExpertLoad> balance_experts(const std::vector<models::MoeLayer>& lay
   for (const models::MoeLayer& l : layers) {
     nn::Router& r = l.moe->router();
     std::vector<int64_t>& load = r.load();
-    // Counts travel as doubles (exact below 2^53).
+    // Counts travel as doubles (exact below 2^53), the balance loss after them.
     std::vector<double> sum(load.begin(), load.end());
+    sum.push_back(std::exchange(r.aux_loss(), 0.0));
     group.all_reduce_sum(sum.data(), static_cast<int64_t>(sum.size()));
     std::fill(load.begin(), load.end(), 0);
+    const double aux = sum.back();
+    sum.pop_back();
     ExpertLoad s;
     s.layer = l.layer;
+    s.aux_loss = aux;
     s.dispatch_bytes = l.moe->dispatch_floats() * static_cast<int64_t>(sizeof(float));
     s.min = static_cast<int64_t>(*std::min_element(sum.begin(), sum.end()));
     s.max = static_cast<int64_t>(*std::max_element(sum.begin(), sum.end()));

@@ -26,6 +26,8 @@ struct ExpertLoad {
   // exchange of its last micro-batch (returns and backward's exchanges send as much again
   // each); 0 without.
   int64_t dispatch_bytes = 0;
+  // V2's balance loss over the global batch (nn/moe_router.h), summed over the ranks; 0 off.
+  double aux_loss = 0.0;
 };
 
 std::vector<ExpertLoad> balance_experts(const std::vector<models::MoeLayer>& layers,

@@ -234,12 +234,7 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
                                                   " model has no mixture-of-experts layers");
     ep_ = &mesh_->ep(cfg.expert_parallel);
     const nn::ExpertParallel ep{ep_};
-    for (models::CausalLM* m : [&] {
-           std::vector<models::CausalLM*> all = {model_.get()};
-           for (auto& c : contexts_) all.push_back(c.get());
-           return all;
-         }())
-      for (const models::MoeLayer& l : m->moe_layers()) l.moe->set_expert_parallel(ep);
+    for_each_moe([&](nn::MoE& m) { m.set_expert_parallel(ep); });
   }
   if (cfg.moe_bias_update_rate > 0.0) {
     bool bias = false;
@@ -313,6 +308,10 @@ StepStats Trainer::step() {
   //    as soon as they are complete, and end_backward() waits for the last of them.
   //    A pipeline stage runs its schedule instead, then reduces (parallel/pipeline_stage.h).
   engine_->zero_grads();
+  // V2's balance loss is a mean over the global batch's sequences (nn/moe_router.h).
+  for_each_moe([&](nn::MoE& m) {
+    m.router().set_aux_loss(1.0 / static_cast<double>(cfg_.train_batch), st.loss_scale);
+  });
   double loss_sum = stage_ ? pipeline_passes(micro, grad_scale) : passes(micro, grad_scale);
   dp_->all_reduce_sum(&loss_sum, 1);
   if (stage_) mesh_->pp().all_reduce_sum(&loss_sum, 1);  // the last stage holds it
@@ -350,6 +349,12 @@ StepStats Trainer::step() {
   return st;
 }
 
+void Trainer::for_each_moe(const std::function<void(nn::MoE&)>& fn) {
+  for (const models::MoeLayer& l : model_->moe_layers()) fn(*l.moe);
+  for (auto& c : contexts_)
+    for (const models::MoeLayer& l : c->moe_layers()) fn(*l.moe);
+}
+
 std::vector<optim::ExpertLoad> Trainer::expert_loads(float rate) {
   std::vector<models::MoeLayer> layers = model_->moe_layers();
   // A pipeline stage's activation contexts ran some of the micro-batches: their counts join
@@ -357,9 +362,10 @@ std::vector<optim::ExpertLoad> Trainer::expert_loads(float rate) {
   for (auto& c : contexts_) {
     std::vector<models::MoeLayer> mine = c->moe_layers();
     for (size_t i = 0; i < mine.size(); ++i) {
-      std::vector<int64_t>& to = layers[i].moe->router().load();
-      std::vector<int64_t>& from = mine[i].moe->router().load();
-      for (size_t e = 0; e < to.size(); ++e) to[e] += std::exchange(from[e], 0);
+      nn::Router &to = layers[i].moe->router(), &from = mine[i].moe->router();
+      for (size_t e = 0; e < to.load().size(); ++e)
+        to.load()[e] += std::exchange(from.load()[e], 0);
+      to.aux_loss() += std::exchange(from.aux_loss(), 0.0);
     }
   }
   std::vector<optim::ExpertLoad> loads = optim::balance_experts(layers, *dp_, rate);
@@ -626,6 +632,7 @@ void Trainer::run() {
         m["bias_min"].push_back(l.bias_min);
         m["bias_max"].push_back(l.bias_max);
         if (ep_) m["dispatch_bytes"].push_back(l.dispatch_bytes);
+        if (l.aux_loss != 0.0) m["aux_loss"].push_back(l.aux_loss);
       }
       row["moe"] = m;
     }

@@ -30,6 +30,10 @@
 #include "loom/train/config.h"
 #include "loom/train/data_setup.h"
 
+namespace loom::nn {
+class MoE;
+}
+
 namespace loom::train {
 
 struct StepStats {
@@ -104,6 +108,8 @@ class Trainer {
   models::StageRange pipeline_stage_range() const;
   // Forward and backward of the step's micro-batches, gradients accumulated and reduced:
   // in turn on the whole model, or through the pipeline schedule. Returns the loss sum.
+  // fn on every MoE layer of the model and of a pipeline stage's activation contexts.
+  void for_each_moe(const std::function<void(nn::MoE&)>& fn);
   // The step's expert loads (and the bias update at `rate`) of every MoE layer.
   std::vector<optim::ExpertLoad> expert_loads(float rate);
   double passes(const std::vector<data::MicroBatch>& micro, float grad_scale);
