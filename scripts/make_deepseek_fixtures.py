@@ -12,6 +12,14 @@ For each NAME it writes tests/fixtures/NAME/:
                                    [3,16,V], loss F32 [1], grad.<name> for every parameter under
                                    the checkpoint's names (the fused expert tensors split)
 
+It also writes tests/fixtures/gguf/deepseek_v2_tiny.gguf: deepseek_v2_tiny as llama.cpp's
+converter lays a DeepSeek model out (architecture deepseek2, F32): the routed experts stacked
+into ffn_{gate,up,down}_exps, kv_b_proj split into attn_k_b (each head's key rows
+transposed) and attn_v_b, attention.head_count_kv 1 with the MLA sizes in key_length_mla /
+value_length_mla, the MoE keys (expert_count, expert_used_count, expert_shared_count,
+leading_dense_block_count, expert_weights_scale, expert_gating_func 1 = softmax,
+expert_group_count / expert_group_used_count).
+
 The routing decisions must not sit on a near-tie, or fp32 differences between two correct
 implementations would flip them: the script reports the smallest margin of every choice
 (the k-th vs the next expert, the kept vs the next group) and moves to the next seed when one is under 1e-4.
@@ -139,10 +147,74 @@ def make(name, cfg, seed):
     return True
 
 
+def write_gguf(name, out_file):
+    """The fixture `name` as a deepseek2 GGUF (see the docstring)."""
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    src = os.path.join(ROOT, name)
+    cfg = CONFIGS[name]
+    w = load_file(os.path.join(src, "model.safetensors"))
+    H, R = cfg.num_attention_heads, cfg.kv_lora_rank
+    Dn, Dr, Dv, E = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.n_routed_experts
+    a = "deepseek2"
+    g = gguf.GGUFWriter(out_file, a)
+    for key, value in [("block_count", cfg.num_hidden_layers),
+                       ("context_length", cfg.max_position_embeddings),
+                       ("embedding_length", cfg.hidden_size),
+                       ("feed_forward_length", cfg.intermediate_size),
+                       ("attention.head_count", H), ("attention.head_count_kv", 1),
+                       ("attention.kv_lora_rank", R), ("attention.key_length", R + Dr),
+                       ("attention.value_length", R), ("attention.key_length_mla", Dn + Dr),
+                       ("attention.value_length_mla", Dv), ("rope.dimension_count", Dr),
+                       ("leading_dense_block_count", cfg.first_k_dense_replace),
+                       ("expert_feed_forward_length", cfg.moe_intermediate_size),
+                       ("expert_count", E), ("expert_used_count", cfg.num_experts_per_tok),
+                       ("expert_shared_count", cfg.n_shared_experts), ("expert_gating_func", 1),
+                       ("expert_group_count", cfg.n_group), ("expert_group_used_count", cfg.topk_group),
+                       ("vocab_size", cfg.vocab_size)]:
+        g.add_uint32(f"{a}.{key}", value)
+    g.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    g.add_float32(f"{a}.rope.freq_base", cfg.rope_parameters["rope_theta"])
+    g.add_float32(f"{a}.expert_weights_scale", cfg.routed_scaling_factor)
+    g.add_uint32("tokenizer.ggml.bos_token_id", cfg.bos_token_id)
+    g.add_uint32("tokenizer.ggml.eos_token_id", cfg.eos_token_id)
+    g.add_tensor("token_embd.weight", w["model.embed_tokens.weight"])
+    g.add_tensor("output_norm.weight", w["model.norm.weight"])
+    g.add_tensor("output.weight", w["lm_head.weight"])
+    for l in range(cfg.num_hidden_layers):
+        hf, b = f"model.layers.{l}.", f"blk.{l}."
+        g.add_tensor(b + "attn_norm.weight", w[hf + "input_layernorm.weight"])
+        g.add_tensor(b + "ffn_norm.weight", w[hf + "post_attention_layernorm.weight"])
+        g.add_tensor(b + "attn_q.weight", w[hf + "self_attn.q_proj.weight"])
+        g.add_tensor(b + "attn_kv_a_mqa.weight", w[hf + "self_attn.kv_a_proj_with_mqa.weight"])
+        g.add_tensor(b + "attn_kv_a_norm.weight", w[hf + "self_attn.kv_a_layernorm.weight"])
+        kv_b = w[hf + "self_attn.kv_b_proj.weight"].reshape(H, Dn + Dv, R)
+        g.add_tensor(b + "attn_k_b.weight", np.ascontiguousarray(kv_b[:, :Dn].transpose(0, 2, 1)))
+        g.add_tensor(b + "attn_v_b.weight", np.ascontiguousarray(kv_b[:, Dn:]))
+        g.add_tensor(b + "attn_output.weight", w[hf + "self_attn.o_proj.weight"])
+        if l < cfg.first_k_dense_replace:
+            for p, q in [("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")]:
+                g.add_tensor(b + f"ffn_{p}.weight", w[hf + f"mlp.{q}.weight"])
+            continue
+        g.add_tensor(b + "ffn_gate_inp.weight", w[hf + "mlp.gate.weight"])
+        for p, q in [("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")]:
+            g.add_tensor(b + f"ffn_{p}_exps.weight",
+                         np.stack([w[hf + f"mlp.experts.{e}.{q}.weight"] for e in range(E)]))
+            g.add_tensor(b + f"ffn_{p}_shexp.weight", w[hf + f"mlp.shared_experts.{q}.weight"])
+    g.write_header_to_file()
+    g.write_kv_data_to_file()
+    g.write_tensors_to_file()
+    g.close()
+    print(f"{out_file}: {os.path.getsize(out_file) / 1e6:.2f} MB")
+
+
 def main():
     for i, (name, cfg) in enumerate(CONFIGS.items()):
         if not any(make(name, cfg, seed=30 + i + 100 * attempt) for attempt in range(10)):
             raise SystemExit(f"{name}: no seed without a near-tie")
+    write_gguf("deepseek_v2_tiny", os.path.join(ROOT, "gguf", "deepseek_v2_tiny.gguf"))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 
 #include "common/test_util.h"
 #include "loom/io/hf_checkpoint.h"
+#include "loom/io/model_loader.h"
 #include "loom/models/deepseek.h"
 #include "loom/models/registry.h"
 #include "loom/nn/moe.h"
@@ -86,6 +87,31 @@ TEST(Deepseek, SaveLoadsBackToTheSameLogits) {
   for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(b.f32()[i], want[i]) << i;
   EXPECT_EQ(io::read_json_file(tmp.path / "saved" / "config.json")["topk_method"],
             "group_limited_greedy");
+}
+
+// llama.cpp's deepseek2 layout (scripts/make_deepseek_fixtures.py writes the tiny V2 that
+// way: experts stacked, kv_b_proj split into attn_k_b / attn_v_b, MQA-style head counts):
+// the config it gives and the logits equal the safetensors folder's.
+TEST(Deepseek, Deepseek2GgufLoadsAsTheSameModel) {
+  const fs::path gguf = test::fixture_dir() / "gguf" / "deepseek_v2_tiny.gguf";
+  const nlohmann::json c = io::read_model_config(gguf);
+  EXPECT_EQ(c["model_type"], "deepseek_v2");
+  EXPECT_EQ(c["topk_method"], "group_limited_greedy");
+  EXPECT_EQ(c["num_key_value_heads"], c["num_attention_heads"]);
+  const nlohmann::json want = fixture_config("deepseek_v2_tiny");
+  for (const char* k : {"qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank",
+                        "n_routed_experts", "num_experts_per_tok", "n_shared_experts",
+                        "first_k_dense_replace", "n_group", "topk_group", "moe_intermediate_size"})
+    EXPECT_EQ(c[k], want[k]) << k;
+  auto a = io::load_model(gguf);
+  auto b = io::load_hf_model(test::fixture_dir() / "deepseek_v2_tiny");
+  Tensor ids = Tensor::zeros({2, 9}, DType::I32);
+  for (int64_t i = 0; i < 18; ++i) ids.i32()[i] = static_cast<int32_t>(i * 13 % 256);
+  const Tensor& la = a->forward(ids);
+  std::vector<float> got(la.f32(), la.f32() + la.numel());
+  const Tensor& lb = b->forward(ids);
+  ASSERT_EQ(lb.numel(), static_cast<int64_t>(got.size()));
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], lb.f32()[i]) << i;
 }
 
 nlohmann::json train_config(const fs::path& tmp, const nlohmann::json& peft) {

@@ -665,10 +665,69 @@ std::string gguf_to_hf_name(const std::string& g) {
       {"ffn_down", "mlp.down_proj"},
       {"attn_norm", "input_layernorm"},
       {"ffn_norm", "post_attention_layernorm"},
+      // deepseek2: MLA, the router and its bias, the shared experts
+      {"attn_q_a", "self_attn.q_a_proj"},
+      {"attn_q_a_norm", "self_attn.q_a_layernorm"},
+      {"attn_q_b", "self_attn.q_b_proj"},
+      {"attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"},
+      {"attn_kv_a_norm", "self_attn.kv_a_layernorm"},
+      {"attn_kv_b", "self_attn.kv_b_proj"},
+      {"ffn_gate_inp", "mlp.gate"},
+      {"ffn_gate_shexp", "mlp.shared_experts.gate_proj"},
+      {"ffn_up_shexp", "mlp.shared_experts.up_proj"},
+      {"ffn_down_shexp", "mlp.shared_experts.down_proj"},
   };
+  const std::string blk = "model.layers." + std::to_string(layer) + ".";
+  if (part == "exp_probs_b" && suffix == "bias") return blk + "mlp.gate.e_score_correction_bias";
   for (const auto& [gg, hf] : kParts)
-    if (part == gg) return "model.layers." + std::to_string(layer) + "." + hf + "." + suffix;
+    if (part == gg) return blk + hf + "." + suffix;
   return "";
+}
+
+std::vector<std::string> gguf_stacked_hf_names(const GgufTensorInfo& t) {
+  int64_t layer = 0;
+  std::string part, suffix;
+  if (!parse_block_name(t.name, &layer, &part, &suffix) || suffix != "weight") return {};
+  std::string proj;
+  if (part == "ffn_gate_exps") proj = "gate_proj";
+  if (part == "ffn_up_exps") proj = "up_proj";
+  if (part == "ffn_down_exps") proj = "down_proj";
+  if (proj.empty()) return {};
+  LOOM_CHECK(t.ne.size() == 3, t.file + ": tensor '" + t.name + "' has dims " + dims_str(t.ne) +
+                                   ", expected [cols, rows, experts]");
+  std::vector<std::string> out;
+  for (int64_t e = 0; e < t.ne[2]; ++e)
+    out.push_back("model.layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(e) +
+                  "." + proj + ".weight");
+  return out;
+}
+
+std::string read_split_kv_b(const GgufFile& f, const GgufTensorInfo& k_b, std::vector<float>* kv) {
+  int64_t layer = 0;
+  std::string part, suffix;
+  if (!parse_block_name(k_b.name, &layer, &part, &suffix) || part != "attn_k_b" ||
+      suffix != "weight")
+    return "";
+  const std::string where = f.path().string() + ": tensor '" + k_b.name + "'";
+  const std::string v_name = "blk." + std::to_string(layer) + ".attn_v_b.weight";
+  const GgufTensorInfo* v_b = f.find_tensor(v_name);
+  LOOM_CHECK(v_b, where + " has no " + v_name + " beside it (kv_b_proj is split in two)");
+  LOOM_CHECK(k_b.ne.size() == 3 && v_b->ne.size() == 3 && k_b.ne[2] == v_b->ne[2] &&
+                 k_b.ne[1] == v_b->ne[0],
+             where + " " + dims_str(k_b.ne) + " and " + v_name + " " + dims_str(v_b->ne) +
+                 " are not [Dn, R, H] and [R, Dv, H]");
+  const int64_t Dn = k_b.ne[0], R = k_b.ne[1], H = k_b.ne[2], Dv = v_b->ne[1];
+  std::vector<float> k(static_cast<size_t>(k_b.numel())), v(static_cast<size_t>(v_b->numel()));
+  dequantize_rows(k_b, 0, k_b.n_rows(), k.data());           // [H][R][Dn]
+  dequantize_rows(*v_b, 0, v_b->n_rows(), v.data());         // [H][Dv][R]
+  kv->assign(static_cast<size_t>(H * (Dn + Dv) * R), 0.0f);  // [H*(Dn+Dv)][R]
+  for (int64_t h = 0; h < H; ++h) {
+    float* rows = kv->data() + h * (Dn + Dv) * R;
+    for (int64_t i = 0; i < Dn; ++i)
+      for (int64_t r = 0; r < R; ++r) rows[i * R + r] = k[(h * R + r) * Dn + i];
+    std::copy_n(v.data() + h * Dv * R, Dv * R, rows + Dn * R);
+  }
+  return "model.layers." + std::to_string(layer) + ".self_attn.kv_b_proj.weight";
 }
 
 void unpermute_qk(float* w, int64_t rows, int64_t cols, int64_t n_head) {
@@ -743,11 +802,85 @@ QuantMatrix read_hf_quant(const GgufFile& f, const GgufTensorInfo& t) {
   return q;
 }
 
+namespace {
+json deepseek2_hf_config(const GgufFile& f) {
+  const std::string p = "deepseek2.";
+  auto req = [&](const std::string& k) { return static_cast<int64_t>(f.get_u64(p + k)); };
+  auto opt = [&](const std::string& k, int64_t d) {
+    return static_cast<int64_t>(f.get_u64_or(p + k, static_cast<uint64_t>(d)));
+  };
+  // Sigmoid gating (and the correction bias) is V3's; softmax V2's.
+  bool v3 = opt("expert_gating_func", 1) == 2;
+  for (const GgufTensorInfo& t : f.tensors()) v3 = v3 || t.name.ends_with(".exp_probs_b.bias");
+  json j;
+  j["model_type"] = v3 ? "deepseek_v3" : "deepseek_v2";
+  j["architectures"] = {v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"};
+  j["hidden_act"] = "silu";
+  j["torch_dtype"] = "float32";
+  const int64_t heads = req("attention.head_count"), dr = req("rope.dimension_count");
+  j["hidden_size"] = req("embedding_length");
+  j["intermediate_size"] = req("feed_forward_length");
+  j["num_hidden_layers"] = req("block_count");
+  j["num_attention_heads"] = heads;
+  j["num_key_value_heads"] = heads;  // stored as 1: llama.cpp's MQA view of MLA
+  j["max_position_embeddings"] = req("context_length");
+  j["rms_norm_eps"] = f32_json(f.get_f32(p + "attention.layer_norm_rms_epsilon"));
+  j["rope_theta"] = f.has(p + "rope.freq_base") ? f32_json(f.get_f32(p + "rope.freq_base")) : 1e4;
+  const int64_t q_lora = opt("attention.q_lora_rank", 0);
+  j["q_lora_rank"] = q_lora > 0 ? json(q_lora) : json(nullptr);
+  j["kv_lora_rank"] = req("attention.kv_lora_rank");
+  j["qk_rope_head_dim"] = dr;
+  const bool mla = f.has(p + "attention.key_length_mla");  // since the absorption split
+  const int64_t dq = mla ? req("attention.key_length_mla") : req("attention.key_length");
+  LOOM_CHECK(dq > dr, f.path().string() + ": key length " + std::to_string(dq) +
+                          " is not more than rope.dimension_count " + std::to_string(dr));
+  j["qk_nope_head_dim"] = dq - dr;
+  j["v_head_dim"] = mla ? req("attention.value_length_mla") : req("attention.value_length");
+  j["moe_intermediate_size"] = req("expert_feed_forward_length");
+  j["n_routed_experts"] = req("expert_count");
+  j["num_experts_per_tok"] = req("expert_used_count");
+  j["n_shared_experts"] = opt("expert_shared_count", 0);
+  j["first_k_dense_replace"] = opt("leading_dense_block_count", 0);
+  j["routed_scaling_factor"] =
+      f.has(p + "expert_weights_scale") ? f32_json(f.get_f32(p + "expert_weights_scale")) : 1.0;
+  j["norm_topk_prob"] = f.get_bool_or(p + "expert_weights_norm", false);
+  const int64_t groups = opt("expert_group_count", 1), used = opt("expert_group_used_count", 1);
+  j["n_group"] = groups;
+  j["topk_group"] = used;
+  j["topk_method"] = v3 ? "noaux_tc" : groups > 1 ? "group_limited_greedy" : "greedy";
+  j["scoring_func"] = v3 ? "sigmoid" : "softmax";
+  if (v3) j["rope_interleave"] = true;  // ggml's rope on deepseek2 rotates adjacent pairs
+  if (f.get_string_or(p + "rope.scaling.type", "") == "yarn") {
+    json rs;
+    rs["rope_type"] = "yarn";
+    rs["factor"] = f32_json(f.get_f32(p + "rope.scaling.factor"));
+    rs["original_max_position_embeddings"] = req("rope.scaling.original_context_length");
+    if (f.has(p + "rope.scaling.yarn_log_multiplier")) {
+      const double m = f32_json(f.get_f32(p + "rope.scaling.yarn_log_multiplier")) / 0.1;
+      rs["mscale"] = rs["mscale_all_dim"] = m;
+    }
+    j["rope_scaling"] = rs;
+  }
+  int64_t vocab = 0;
+  if (const GgufTensorInfo* emb = f.find_tensor("token_embd.weight"); emb && emb->ne.size() == 2)
+    vocab = emb->ne[1];
+  else
+    vocab = req("vocab_size");
+  j["vocab_size"] = vocab;
+  j["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr;
+  for (const auto& [gk, hk] : {std::pair{"tokenizer.ggml.bos_token_id", "bos_token_id"},
+                               std::pair{"tokenizer.ggml.eos_token_id", "eos_token_id"}})
+    if (f.has(gk)) j[hk] = static_cast<int64_t>(f.get_u64(gk));
+  return j;
+}
+}  // namespace
+
 json gguf_hf_config(const GgufFile& f) {
   const std::string file = f.path().string();
   const std::string arch = f.architecture();
+  if (arch == "deepseek2") return deepseek2_hf_config(f);
   LOOM_CHECK(arch == "llama" || arch == "qwen2",
-             file + ": architecture '" + arch + "' is not supported (llama, qwen2)");
+             file + ": architecture '" + arch + "' is not supported (llama, qwen2, deepseek2)");
   const std::string p = arch + ".";
   auto req_int = [&](const std::string& k) { return static_cast<int64_t>(f.get_u64(p + k)); };
 

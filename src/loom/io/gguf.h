@@ -163,11 +163,26 @@ class GgufFile {
 void dequantize_rows(const GgufTensorInfo& t, int64_t row_begin, int64_t row_end, float* dst);
 
 // ---------------------------------------------------------------------------------------
-// Hugging Face view (architectures llama and qwen2).
+// Hugging Face view (architectures llama, qwen2 and deepseek2).
 
 // GGUF tensor name -> transformers name ("blk.3.attn_q.weight" ->
-// "model.layers.3.self_attn.q_proj.weight"); "" for a name with no counterpart.
+// "model.layers.3.self_attn.q_proj.weight"); "" for a name with no counterpart (and for
+// the two kinds below, which hold several HF tensors or part of one).
 std::string gguf_to_hf_name(const std::string& gguf_name);
+
+// llama.cpp's deepseek2 stacks each MoE layer's routed experts into one tensor per
+// projection, blk.N.ffn_{gate,up,down}_exps.weight (ne [cols, rows, E]): the HF names of its
+// E slices along the outermost dimension (model.layers.N.mlp.experts.<e>.*_proj.weight), in
+// order; empty for any other tensor.
+std::vector<std::string> gguf_stacked_hf_names(const GgufTensorInfo& t);
+
+// llama.cpp's converter splits deepseek2's kv_b_proj [H*(Dn + Dv), R] into attn_k_b
+// (ne [Dn, R, H]: each head's key rows transposed) and attn_v_b (ne [R, Dv, H]) for weight
+// absorption; older files keep attn_kv_b. For blk.N.attn_k_b.weight: kv_b_proj's HF name,
+// and kv (H*(Dn + Dv) * R floats) rebuilt from it and the block's attn_v_b. Returns "" for
+// any other tensor; throws naming the file when the pair is incomplete or the shapes
+// disagree.
+std::string read_split_kv_b(const GgufFile& f, const GgufTensorInfo& k_b, std::vector<float>* kv);
 
 // llama.cpp's converter reorders the rows of q_proj and k_proj (weights and biases) for the
 // `llama` architecture only, from HF's rotate-half RoPE layout to the interleaved-pairs
@@ -203,6 +218,13 @@ QuantMatrix read_hf_quant(const GgufFile& f, const GgufTensorInfo& t);
 // 9.99999974737875e-06). Throws for other architectures, missing required keys, and
 // llama3-style RoPE scaling (stored by llama.cpp as a rope_freqs tensor, from which the HF
 // parameters cannot be recovered).
+// A deepseek2 file gives a DeepseekV3 config (sigmoid gating, expert_gating_func 2) or a
+// DeepseekV2 one, from deepseek2.* keys: the MLA sizes (key_length_mla / value_length_mla,
+// or key_length / value_length in files older than the absorption split), the MoE sizes and
+// routing (expert_count, expert_used_count, expert_shared_count, leading_dense_block_count,
+// expert_weights_scale / _norm, expert_group_count / _used_count), rope.dimension_count and
+// yarn (rope.scaling.*; yarn_log_multiplier is 0.1 mscale_all_dim, and mscale is taken equal
+// to it, as DeepSeek's configs have them).
 nlohmann::json gguf_hf_config(const GgufFile& f);
 
 }  // namespace loom::io

@@ -60,7 +60,40 @@ std::unique_ptr<models::CausalLM> load_gguf_model(const fs::path& file, const Lo
   std::set<std::string> filled;
   std::vector<std::string> unused;
   int64_t n_quantized = 0;
+  // A whole (unsharded) parameter from values in HF layout; tensor parallelism is refused
+  // for the architectures whose tensors need this.
+  auto fill = [&](const std::string& hf, const std::string& gguf_name, const float* v,
+                  const Shape& shape) {
+    nn::Parameter* p = model->params().find(hf);
+    if (!p) {
+      if (!model->hf_ignorable(hf)) unused.push_back(gguf_name);
+      return;
+    }
+    LOOM_CHECK(shape == p->full_shape && !p->shard.sharded(),
+               file.string() + ": tensor '" + gguf_name + "' gives " + hf + " shape " +
+                   shape_str(shape) + " vs expected " + shape_str(p->full_shape));
+    std::copy_n(v, shape_numel(shape), p->value.f32());
+    filled.insert(hf);
+  };
   for (const GgufTensorInfo& t : f.tensors()) {
+    // deepseek2: stacked routed experts (kept f32 even with keep_quantized), split kv_b.
+    if (const std::vector<std::string> slices = gguf_stacked_hf_names(t); !slices.empty()) {
+      std::vector<float> all(static_cast<size_t>(t.numel()));
+      dequantize_rows(t, 0, t.n_rows(), all.data());
+      const int64_t per = t.ne[0] * t.ne[1];
+      for (size_t e = 0; e < slices.size(); ++e)
+        fill(slices[e], t.name, all.data() + e * per, {t.ne[1], t.ne[0]});
+      continue;
+    }
+    if (std::vector<float> kv; t.name.ends_with(".attn_k_b.weight")) {
+      const std::string hf = read_split_kv_b(f, t, &kv);
+      const int64_t R = t.ne[1];
+      // Files that keep attn_kv_b as well: that one is read by name below.
+      if (!hf.empty() && !f.find_tensor(t.name.substr(0, t.name.size() - 15) + "attn_kv_b.weight"))
+        fill(hf, t.name, kv.data(), {static_cast<int64_t>(kv.size()) / R, R});
+      continue;
+    }
+    if (t.name.ends_with(".attn_v_b.weight")) continue;  // read with attn_k_b
     const std::string hf = gguf_to_hf_name(t.name);
     nn::Parameter* p = hf.empty() ? nullptr : model->params().find(hf);
     if (!p) {
