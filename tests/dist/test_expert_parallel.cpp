@@ -3,10 +3,10 @@
 // top-2 of 4 groups, a shared expert) for 20 steps with gradient accumulation 2, clipping
 // and the auxiliary-loss-free bias update on: every loss and gradient norm, the eval loss
 // before and after, and every final parameter and correction bias within 1e-5 relative of
-// one process. Layouts: ep2 at ZeRO 0 and 2 (2 ranks); ep4 at ZeRO 0, and ep2 x dp2 at
-// ZeRO 1 (4 ranks); DeepSeek-V2 with its balance loss on at ep2. The token exchange's size
-// is checked against its definition: the rows this rank routes to experts it does not
-// hold, times the hidden size.
+// one process. Layouts: ep2 at ZeRO 0, 2 and 3 (2 ranks); ep4 at ZeRO 0 and 3, ep2 x dp2
+// at ZeRO 1 and pp2 x ep2 (4 ranks); DeepSeek-V2 with its balance loss on at ep2. The token
+// exchange's size is checked against its definition: the rows this rank routes to experts
+// it does not hold, times the hidden size.
 #include <gtest/gtest.h>
 
 #include "common/equivalence.h"
@@ -31,8 +31,8 @@ TEST(ExpertParallel, EveryLayoutEqualsOneProcess) {
   const Trained ref = reference(j);
   const int n = g_world->size();
   std::vector<std::pair<int, int>> layouts;  // (ep size, ZeRO stage)
-  if (n == 2) layouts = {{2, 0}, {2, 2}};
-  if (n == 4) layouts = {{4, 0}, {2, 1}};
+  if (n == 2) layouts = {{2, 0}, {2, 2}, {2, 3}};
+  if (n == 4) layouts = {{4, 0}, {2, 1}, {4, 3}};
   ASSERT_FALSE(layouts.empty()) << "run with 2 or 4 ranks";
   for (auto [ep, stage] : layouts) {
     nlohmann::json je = j;
@@ -70,6 +70,19 @@ TEST(ExpertParallel, V2WithBalanceLossEqualsOneProcess) {
   je["zero_optimization"] = {{"stage", n == 4 ? 1 : 0}};
   const Trained got = train_on(je, *g_world, 20);
   expect_same(ref, got, 0, "V2 with balance loss, ep2 x dp" + std::to_string(n / 2));
+}
+
+// Expert parallelism inside each pipeline stage: pp2 x ep2 on 4 ranks (1F1B; the stages'
+// activation contexts route through the same exchange).
+TEST(ExpertParallel, WithPipelineStagesEqualsOneProcess) {
+  if (g_world->size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  const nlohmann::json j = deepseek_config();
+  const Trained ref = reference(j);
+  nlohmann::json je = j;
+  je["expert_parallel"] = {{"size", 2}};
+  je["pipeline_parallel"] = {{"size", 2}, {"schedule", "1f1b"}};
+  const Trained got = train_on(je, *g_world, 20);
+  expect_same(ref, got, 0, "pp2 x ep2");
 }
 
 TEST(ExpertParallel, ExchangeSendsTheRowsOfOtherRanksExperts) {

@@ -18,7 +18,8 @@
 // gradients. Every rank of the group must run the same MoE layers in the same order.
 // The expert weights are still declared whole on every rank (each computes and gets
 // gradients only for its own experts; the data-parallel sum then adds the owners' parts),
-// so EP splits the experts' compute and moves tokens, not yet their memory.
+// so EP splits the experts' compute and moves tokens, not yet their memory (ZeRO-3, which
+// shards every parameter over dp, is what cuts it today).
 #pragma once
 
 #include <memory>

@@ -470,11 +470,6 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
     LOOM_CHECK(dp % c.expert_parallel == 0, re.key("size") + " " +
                                                 std::to_string(c.expert_parallel) +
                                                 " does not divide the " + dp_size);
-    LOOM_CHECK(c.expert_parallel == 1 || c.pipeline.size == 1,
-               re.key("size") + " > 1 with pipeline_parallel is not supported yet");
-    LOOM_CHECK(
-        c.expert_parallel == 1 || c.zero.stage <= 2,
-        re.key("size") + " > 1 with zero_optimization.stage 3 is not supported (stages 0-2 are)");
   }
   if (j.contains("moe")) {  // mixture-of-experts training rules (optim/expert_balance.h)
     Reader rm{where, "moe."};

@@ -229,9 +229,11 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
   engine_ = std::make_unique<parallel::ZeroEngine>(*model_, *dp_, cfg_.zero, cfg.adamw, tp_);
   for (auto& c : contexts_) engine_->add_context(*c);  // now over the engine's layout
   if (cfg.expert_parallel > 1) {
-    LOOM_CHECK(!model_->moe_layers().empty(), "config key 'expert_parallel.size': the " +
-                                                  model_->arch() +
-                                                  " model has no mixture-of-experts layers");
+    // Over every pipeline stage: a stage may hold only dense layers.
+    double moe_layers = static_cast<double>(model_->moe_layers().size());
+    if (stage_) mesh_->pp().all_reduce_sum(&moe_layers, 1);
+    LOOM_CHECK(moe_layers > 0, "config key 'expert_parallel.size': the " + model_->arch() +
+                                   " model has no mixture-of-experts layers");
     ep_ = &mesh_->ep(cfg.expert_parallel);
     const nn::ExpertParallel ep{ep_};
     for_each_moe([&](nn::MoE& m) { m.set_expert_parallel(ep); });
