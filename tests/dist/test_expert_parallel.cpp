@@ -4,7 +4,8 @@
 // and the auxiliary-loss-free bias update on: every loss and gradient norm, the eval loss
 // before and after, and every final parameter and correction bias within 1e-5 relative of
 // one process. Layouts: ep2 at ZeRO 0, 2 and 3 (2 ranks); ep4 at ZeRO 0 and 3, ep2 x dp2
-// at ZeRO 1 and pp2 x ep2 (4 ranks); DeepSeek-V2 with its balance loss on at ep2. The token
+// at ZeRO 1 and pp2 x ep2 (4 ranks); DeepSeek-V2 with its balance loss on at ep2; LoRA
+// with dropout on the experts at dp2 and ep2 (ZeRO-2). The token
 // exchange's size is checked against its definition: the rows this rank routes to experts
 // it does not hold, times the hidden size.
 #include <gtest/gtest.h>
@@ -83,6 +84,28 @@ TEST(ExpertParallel, WithPipelineStagesEqualsOneProcess) {
   je["pipeline_parallel"] = {{"size", 2}, {"schedule", "1f1b"}};
   const Trained got = train_on(je, *g_world, 20);
   expect_same(ref, got, 0, "pp2 x ep2");
+}
+
+// LoRA with dropout on every linear layer, the routed experts' included: their masks are
+// keyed by the token's row in the global batch (not its place in an expert's rows), so
+// data parallel (ZeRO-2) and ep2 drop what one process drops.
+TEST(ExpertParallel, LoraWithDropoutOnExpertsEqualsOneProcess) {
+  nlohmann::json j = deepseek_config();
+  j.erase("moe");
+  j["peft"] = {{"method", "lora"},
+               {"r", 4},
+               {"lora_alpha", 8},
+               {"lora_dropout", 0.1},
+               {"target_modules", "all-linear"}};
+  j["optimizer"]["params"]["lr"] = 1e-2;
+  const Trained ref = reference(j);
+  for (int ep : {1, 2}) {
+    nlohmann::json je = j;
+    je["expert_parallel"] = {{"size", ep}};
+    je["zero_optimization"] = {{"stage", 2}};
+    const Trained got = train_on(je, *g_world, 20);
+    expect_same(ref, got, 0, "LoRA dropout, ep" + std::to_string(ep));
+  }
 }
 
 TEST(ExpertParallel, ExchangeSendsTheRowsOfOtherRanksExperts) {

@@ -28,8 +28,8 @@ DropoutMask::DropoutMask(float p, const DropoutContext& ctx, uint64_t stream, in
   threshold_ = t >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<uint32_t>(t);
 }
 
-void DropoutMask::row(int64_t n, float* v, int64_t width) const {
-  const auto row_key = static_cast<uint32_t>(mix64(key_ + static_cast<uint64_t>(first_row_ + n)));
+void DropoutMask::row_at(int64_t global_row, float* v, int64_t width) const {
+  const auto row_key = static_cast<uint32_t>(mix64(key_ + static_cast<uint64_t>(global_row)));
   // Locals, not members, in the loop: v could alias keep_scale_, and GCC then keeps the
   // loop scalar (it was 9% of a LoRA step).
   const auto c0 = static_cast<uint32_t>(col0_);

@@ -23,7 +23,10 @@ struct DropoutContext {
 class DropoutMask {
  public:
   DropoutMask(float p, const DropoutContext& ctx, uint64_t stream, int64_t col0 = 0);
-  void row(int64_t n, float* v, int64_t width) const;
+  void row(int64_t n, float* v, int64_t width) const { row_at(first_row_ + n, v, width); }
+  // The same for a row given by its place in the global batch (first_row + n of its own
+  // micro-batch): rows gathered from elsewhere (a MoE expert's tokens) keep their mask.
+  void row_at(int64_t global_row, float* v, int64_t width) const;
 
  private:
   float keep_scale_;

@@ -71,8 +71,13 @@ std::vector<float> transposed(const float* B, int64_t out, int64_t r) {
 
 kernels::RowOp LoRA::dropout_op() const {
   if (!dropped_) return {};
-  return [mask = DropoutMask(spec_.dropout, *ctx_, stream_, col0_), w = in_](int64_t n, float* v) {
-    mask.row(n, v, w);
+  return [mask = DropoutMask(spec_.dropout, *ctx_, stream_, col0_), w = in_, rows = rows_](
+             int64_t n, float* v) {
+    if (rows) {
+      mask.row_at(rows[n], v, w);
+    } else {
+      mask.row(n, v, w);
+    }
   };
 }
 
@@ -128,10 +133,15 @@ void LoRA::backward(const Tensor& dy, const Tensor& dx) {
     const DropoutMask mask(spec_.dropout, *ctx_, stream_, col0_);
     const float* x = x_.f32();
     const int64_t in = in_;
-    auto drop = [&mask, w, x, in](int64_t n, float* v) {
+    const int64_t* rows = rows_;
+    auto drop = [&mask, w, x, in, rows](int64_t n, float* v) {
       static thread_local std::vector<float> mult;
       mult.assign(static_cast<size_t>(in), 1.0f);
-      mask.row(n, mult.data(), in);
+      if (rows) {
+        mask.row_at(rows[n], mult.data(), in);
+      } else {
+        mask.row(n, mult.data(), in);
+      }
       const float *m = mult.data(), *xr = x + n * in;
       float* wr = w + n * in;
       for (int64_t c = 0; c < in; ++c) wr[c] = xr[c] * m[c];

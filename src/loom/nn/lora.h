@@ -66,6 +66,11 @@ class LoRA {
   Parameter* A() const { return a_; }
   Parameter* B() const { return b_; }
   const LoraSpec& spec() const { return spec_; }
+  const DropoutContext* context() const { return ctx_; }
+  // Rows of x that are not the micro-batch's tokens in order (a MoE expert's): the dropout
+  // of row n is keyed by rows[n], its token's row in the global batch (DropoutMask::row_at).
+  // The array must outlive the next backward; nullptr (the default): rows in order.
+  void set_rows(const int64_t* rows) { rows_ = rows; }
 
  private:
   Parameter *a_, *b_;
@@ -80,6 +85,7 @@ class LoRA {
   // The dropout of the last forward as a row transform (empty when it applied none).
   kernels::RowOp dropout_op() const;
 
+  const int64_t* rows_ = nullptr;
   bool dropped_ = false;  // the last forward applied dropout
   Tensor x_, u_;
 };

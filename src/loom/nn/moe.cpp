@@ -59,7 +59,7 @@ void take_rows(float* dst, const float* src, const std::vector<int64_t>& from, i
 
 const Tensor& MoE::to_experts(const Tensor& sorted, Tensor& into) {
   if (!ep_.active()) return sorted;
-  const int64_t C = s_.hidden, P = ep_.size(), R = static_cast<int64_t>(perm_.size());
+  const int64_t C = sorted.dim(1), P = ep_.size(), R = static_cast<int64_t>(perm_.size());
   std::vector<int64_t> sc(P), rc(P);
   for (int64_t r = 0; r < P; ++r) {
     sc[r] = send_rows_[r] * C;
@@ -73,7 +73,7 @@ const Tensor& MoE::to_experts(const Tensor& sorted, Tensor& into) {
 }
 
 void MoE::from_experts(const Tensor& rows, const Tensor& into) {
-  const int64_t C = s_.hidden;
+  const int64_t C = rows.dim(1);
   if (!ep_.active()) {
     into.copy_from(rows);
     return;
@@ -87,6 +87,30 @@ void MoE::from_experts(const Tensor& rows, const Tensor& into) {
     rc[r] = send_rows_[r] * C;
   }
   ep_.comm->all_to_all(back.f32(), sc.data(), into.f32(), rc.data());
+}
+
+void MoE::key_expert_dropout(int64_t N) {
+  const DropoutContext* ctx = nullptr;
+  for (auto& e : experts_)
+    for (Linear* l : e->linears())
+      if (!ctx && l->lora()) ctx = l->lora()->context();
+  if (!ctx) return;  // no LoRA on the experts
+  const int64_t K = s_.router.top_k, L = static_cast<int64_t>(eoff_.size()) - 1,
+                first = ep_.rank() * L;
+  // Each sorted row's token row in the global batch, carried as the bits of two floats.
+  Tensor sorted = Tensor::zeros({N * K, 2});
+  for (int64_t i = 0; i < N * K; ++i) {
+    const int64_t row = ctx->first_row + i / K;
+    std::memcpy(sorted.f32() + slot_[i] * 2, &row, sizeof(row));
+  }
+  Tensor exchanged;
+  const Tensor& mine = to_experts(sorted, exchanged);
+  rows_.resize(static_cast<size_t>(eoff_[L]));
+  for (int64_t r = 0; r < eoff_[L]; ++r)
+    std::memcpy(&rows_[r], mine.f32() + r * 2, sizeof(int64_t));
+  for (int64_t j = 0; j < L; ++j)
+    for (Linear* l : experts_[first + j]->linears())
+      if (l->lora()) l->lora()->set_rows(rows_.data() + eoff_[j]);
 }
 
 const Tensor& MoE::forward(const Tensor& x) {
@@ -140,6 +164,7 @@ const Tensor& MoE::forward(const Tensor& x) {
     dispatched_ = 0;
   }
   const Tensor& rows = to_experts(xs_, xr_);
+  key_expert_dropout(N);
   // Each of this rank's experts on its rows; outputs gathered in the same order.
   Tensor out = Tensor::zeros({eoff_[L], C});
   for (int64_t j = 0; j < L; ++j)

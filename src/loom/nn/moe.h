@@ -63,11 +63,15 @@ class MoE {
   int64_t dispatch_floats() const { return dispatched_; }
 
  private:
-  // Rows in the sorted order [N*K, C] -> this rank's experts' rows in expert order [R, C]
+  // Rows in the sorted order [N*K, W] -> this rank's experts' rows in expert order [R, W]
   // (exchanged under EP; the same tensor on one rank). `into` holds the result.
   const Tensor& to_experts(const Tensor& sorted, Tensor& into);
-  // The reverse: expert-order rows [R, C] -> the sorted order [N*K, C] in `into`.
+  // The reverse: expert-order rows [R, W] -> the sorted order [N*K, W] in `into`.
   void from_experts(const Tensor& rows, const Tensor& into);
+  // LoRA dropout on the experts: each expert row's mask is keyed by its token's row in the
+  // global batch (rows_, exchanged with the tokens under EP), not by its place among the
+  // expert's rows, so every layout drops what one process drops.
+  void key_expert_dropout(int64_t N);
 
   MoeSpec s_;
   std::vector<std::unique_ptr<SwiGluMLP>> experts_;
@@ -80,6 +84,7 @@ class MoE {
   // and where received row i sits in the expert order.
   std::vector<int64_t> send_rows_, recv_rows_, recv_per_, perm_;
   std::vector<int64_t> eoff_;  // [local experts + 1]: their rows in the expert order
+  std::vector<int64_t> rows_;  // [R]: the global batch row of each expert-order row
   int64_t dispatched_ = 0;
   Tensor xs_;  // [N*K, C] the tokens' rows in expert order
   Tensor xr_;  // [R, C] under EP: the rows this rank's experts run on
