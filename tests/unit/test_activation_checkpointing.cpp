@@ -15,10 +15,12 @@
 #include <vector>
 
 #include "common/test_util.h"
+#include "loom/io/hf_checkpoint.h"
 #include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/models/gpt2.h"
 #include "loom/models/llama.h"
 #include "loom/models/peft.h"
+#include "loom/models/registry.h"
 #include "loom/tensor/rng.h"
 
 namespace loom {
@@ -52,6 +54,9 @@ std::unique_ptr<models::CausalLM> make(const std::string& arch, const models::Pe
   std::unique_ptr<models::CausalLM> m;
   if (arch == "gpt2")
     m = std::make_unique<models::GPT2>(models::GPT2Config::from_hf(gpt2_config(), "test"));
+  else if (arch == "deepseek")  // MLA, one dense and two MoE layers (routing, shared experts)
+    m = models::make_model(
+        io::read_json_file(test::fixture_dir() / "deepseek_v3_tiny" / "config.json"), "test");
   else
     m = std::make_unique<models::Llama>(models::LlamaConfig::from_hf(llama_config(), "test"));
   if (peft.enabled()) models::apply_peft(*m, peft, 1);
@@ -163,6 +168,10 @@ TEST(ActivationCheckpointing, Gpt2LoraDropoutBitwiseEqual) {
 }
 TEST(ActivationCheckpointing, LlamaLoraDropoutPackedBitwiseEqual) {
   check_all_settings("llama", lora(0.1f), /*packed=*/true);
+}
+TEST(ActivationCheckpointing, DeepseekGradientsBitwiseEqual) { check_all_settings("deepseek", {}); }
+TEST(ActivationCheckpointing, DeepseekLoraDropoutPackedBitwiseEqual) {
+  check_all_settings("deepseek", lora(0.1f), /*packed=*/true);
 }
 TEST(ActivationCheckpointing, AdaptersAndPrefixBitwiseEqual) {
   check_all_settings("gpt2", adapters());
