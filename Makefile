@@ -30,7 +30,8 @@ build: deps
 build-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=ON > /dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target loom loom_unit_tests test_collectives \
-	  test_zero_equivalence test_tensor_parallel test_pipeline_parallel test_mixed_precision
+	  test_zero_equivalence test_tensor_parallel test_pipeline_parallel test_mixed_precision \
+	  test_expert_parallel
 
 # The worked example: LoRA fine-tuning of SmolLM2-135M-Instruct (GGUF Q4_1 base kept
 # quantized) on ../shared/data/zh_dialogue.json, then Chinese prompts answered by the base
@@ -53,11 +54,11 @@ test: build build-asan
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory fuzz-smoke
 
-# The collectives, the ZeRO engine, TP, PP and mixed precision (2 ranks) run without leak checking: OpenMPI keeps ~120 KB of its own allocations (its
+# The collectives, the ZeRO engine, TP, PP, mixed precision and expert parallelism (2 ranks) run without leak checking: OpenMPI keeps ~120 KB of its own allocations (its
 # plugins') at exit.
 test-asan:
 	ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=1 $(ASAN_BUILD)/loom_unit_tests \
-	  --gtest_filter='Safetensors*:Config*:Bf16*:LossScaler*:Trace*:Schedule*:CliErrors*:Checkpoint*:KernelGrad*:ModuleGrad*:LlamaGrad*:Conversation*:ChatTemplates*:Generate*:Packing*:Gguf*:SftDataset*:Tokenizer*:Peft*:QMatmul*:TrainPeft*:Dist*:ZeroPlan*:Plan*:Pipeline*:ActivationCheckpointing*:MixedPrecision.Fp16*:MixedPrecision.Products*'
+	  --gtest_filter='Safetensors*:Config*:Bf16*:LossScaler*:Trace*:Schedule*:CliErrors*:Checkpoint*:KernelGrad*:ModuleGrad*:LlamaGrad*:Conversation*:ChatTemplates*:Generate*:Packing*:Gguf*:SftDataset*:Tokenizer*:Peft*:QMatmul*:TrainPeft*:Dist*:ZeroPlan*:Plan*:Pipeline*:ActivationCheckpointing*:MixedPrecision.Fp16*:MixedPrecision.Products*:Deepseek*:ExpertBalance*'
 	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
 	  --bind-to none -np 2 $(ASAN_BUILD)/test_collectives
 	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
@@ -68,6 +69,8 @@ test-asan:
 	  --bind-to none -np 2 $(ASAN_BUILD)/test_pipeline_parallel
 	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
 	  --bind-to none -np 2 $(ASAN_BUILD)/test_mixed_precision
+	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
+	  --bind-to none -np 2 $(ASAN_BUILD)/test_expert_parallel
 
 # Benchmark: the GPT-2 124M training step (fp32, bf16) and SmolLM2 fine-tuning steps (LoRA
 # on the quantized and the fp32 base, full), ours vs PyTorch's (+ PEFT), same machine and
