@@ -4,8 +4,10 @@
 // and the auxiliary-loss-free bias update on: every loss and gradient norm, the eval loss
 // before and after, and every final parameter and correction bias within 1e-5 relative of
 // one process. Layouts: ep2 at ZeRO 0, 2 and 3 (2 ranks); ep4 at ZeRO 0 and 3, ep2 x dp2
-// at ZeRO 1 and pp2 x ep2 (4 ranks); DeepSeek-V2 with its balance loss on at ep2; LoRA
-// with dropout on the experts at dp2 and ep2 (ZeRO-2). The token
+// at ZeRO 0 and 1, and pp2 x ep2 (4 ranks); DeepSeek-V2 with its balance loss on at ep2; LoRA
+// with dropout on the experts at dp2 and ep2 (ZeRO-2). Each rank holds only its experts;
+// a checkpoint saved at ep2 (full and LoRA) resumes on one process and at another layout.
+// The token
 // exchange's size is checked against its definition: the rows this rank routes to experts
 // it does not hold, times the hidden size.
 #include <gtest/gtest.h>
@@ -13,6 +15,7 @@
 #include "common/equivalence.h"
 #include "loom/io/hf_checkpoint.h"
 #include "loom/nn/moe.h"
+#include "loom/train/plan.h"
 
 namespace loom {
 namespace {
@@ -33,7 +36,7 @@ TEST(ExpertParallel, EveryLayoutEqualsOneProcess) {
   const int n = g_world->size();
   std::vector<std::pair<int, int>> layouts;  // (ep size, ZeRO stage)
   if (n == 2) layouts = {{2, 0}, {2, 2}, {2, 3}};
-  if (n == 4) layouts = {{4, 0}, {2, 1}, {4, 3}};
+  if (n == 4) layouts = {{4, 0}, {2, 0}, {2, 1}, {4, 3}};
   ASSERT_FALSE(layouts.empty()) << "run with 2 or 4 ranks";
   for (auto [ep, stage] : layouts) {
     nlohmann::json je = j;
@@ -105,6 +108,77 @@ TEST(ExpertParallel, LoraWithDropoutOnExpertsEqualsOneProcess) {
     je["zero_optimization"] = {{"stage", 2}};
     const Trained got = train_on(je, *g_world, 20);
     expect_same(ref, got, 0, "LoRA dropout, ep" + std::to_string(ep));
+  }
+}
+
+// Each rank declares only its slice of the routed experts: the others' are not in its
+// parameter store at all, its trainable elements are the one-process count less the
+// experts it does not hold, and `loom plan` gives the engine's model-state bytes (ep2, the
+// experts' ZeRO-1 shards over the dp ranks holding the same experts).
+TEST(ExpertParallel, RanksHoldOnlyTheirExperts) {
+  nlohmann::json j = deepseek_config();
+  j.erase("gradient_accumulation_steps");
+  j["zero_optimization"] = {{"stage", 1}};
+  const int P = 2, r = g_world->rank() % P;
+  auto config = [&](int ep, int world) {
+    nlohmann::json je = j;
+    je["expert_parallel"] = {{"size", ep}};
+    je["train_micro_batch_size_per_gpu"] = 12 / world;
+    return train::parse_config(je, "test", world);
+  };
+  const train::TrainConfig cfg = config(P, g_world->size());
+  dist::ProcessMesh mesh(*g_world, 1, 1);
+  train::Trainer t(cfg, nullptr, &mesh);
+  const int64_t E = 8, L = E / P;
+  int64_t expert_numel = 0;
+  for (const models::MoeLayer& l : t.model().moe_layers())
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string name =
+          "model.layers." + std::to_string(l.layer) + ".mlp.experts." + std::to_string(e);
+      const nn::Parameter* w = t.model().params().find(name + ".down_proj.weight");
+      EXPECT_EQ(w != nullptr, e / L == r) << name << " on rank " << g_world->rank();
+      if (w) {
+        EXPECT_TRUE(w->expert);
+        expert_numel += 3 * shape_numel(w->shape);  // gate, up, down: the same size
+      }
+    }
+  EXPECT_GT(expert_numel, 0);
+  dist::LocalComm one;
+  dist::ProcessMesh one_mesh(one, 1, 1);
+  train::Trainer whole(config(1, 1), nullptr, &one_mesh);
+  EXPECT_EQ(t.model().params().trainable_numel(),
+            whole.model().params().trainable_numel() - (P - 1) * expert_numel);
+  const parallel::ZeroMemory planned = train::plan_layout(cfg, g_world->size()).stages.at(0).state;
+  EXPECT_EQ(planned.model_state(), t.engine().memory().model_state());
+  EXPECT_EQ(planned.buffers, t.engine().memory().buffers);
+}
+
+// A checkpoint saved under expert parallelism (each expert slice written by its own rank,
+// the parts indexed as transformers shards a model) resumes on one process and at another
+// ZeRO stage; a LoRA run's adapter folder (expert adapters from every slice, merged) too.
+TEST(ExpertParallel, CheckpointResumesOnOneProcess) {
+  for (const bool lora : {false, true}) {
+    nlohmann::json j = deepseek_config();
+    if (lora) {
+      j.erase("moe");
+      j["peft"] = {
+          {"method", "lora"}, {"r", 4}, {"lora_alpha", 8}, {"target_modules", "all-linear"}};
+      j["optimizer"]["params"]["lr"] = 1e-2;
+    }
+    const std::string what = lora ? "LoRA " : "";
+    const Trained ref = reference(j);
+    const fs::path ck = job_dir() / (lora ? "ep-lora-ck" : "ep-ck");
+    nlohmann::json je = j;
+    je["expert_parallel"] = {{"size", 2}};
+    je["zero_optimization"] = {{"stage", 2}};
+    train_on(je, *g_world, 10, ck);
+    nlohmann::json jr = j;
+    jr["resume_from"] = ck.string();
+    expect_same(ref, reference(jr), 10, what + "ep2 ZeRO-2 checkpoint resumed on 1 process");
+    jr["expert_parallel"] = {{"size", g_world->size()}};
+    jr["zero_optimization"] = {{"stage", lora ? 0 : 3}};
+    expect_same(ref, train_on(jr, *g_world, 20), 10,
+                what + "ep2 ZeRO-2 checkpoint resumed at ep" + std::to_string(g_world->size()));
   }
 }
 

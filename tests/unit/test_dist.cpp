@@ -326,9 +326,14 @@ TEST(DistExpertParallel, SizeMustDivideTheExpertsAndTheDataParallelRanks) {
   s.hidden = 4;
   s.inter = 2;
   s.router = {.hidden = 4, .n_experts = 8, .top_k = 2};
-  nn::MoE moe(ps, "model.layers.1.mlp", s, 0.02f);
-  EXPECT_EQ(error_of([&] { moe.set_expert_parallel({&three}); }),
+  s.ep_size = 3;
+  EXPECT_EQ(error_of([&] { nn::MoE(ps, "model.layers.1.mlp", s, 0.02f); }),
             "expert_parallel.size 3 does not divide n_routed_experts 8");
+  // A layer declared whole does not run as one rank's slice.
+  s.ep_size = 1;
+  nn::MoE moe(ps, "model.layers.1.mlp", s, 0.02f);
+  EXPECT_NE(error_of([&] { moe.set_expert_parallel({&three}); }).find("internal"),
+            std::string::npos);
   const nlohmann::json j = {{"model", {{"arch", "gpt2"}}},
                             {"data", {{"path", "x.jsonl"}}},
                             {"train_micro_batch_size_per_gpu", 1},

@@ -97,7 +97,17 @@ Communicator& ProcessMesh::ep(int size) {
   LOOM_CHECK(ep_->size() == size && ep_->rank() == coord_.dp % size,
              "mesh: expert-parallel split gave rank " + std::to_string(ep_->rank()) + " of " +
                  std::to_string(ep_->size()));
+  edp_ = dp_->split(coord_.dp % size, coord_.dp / size);
+  LOOM_CHECK(edp_->size() == shape_.dp / size && edp_->rank() == coord_.dp / size,
+             "mesh: expert-data-parallel split gave rank " + std::to_string(edp_->rank()) + " of " +
+                 std::to_string(edp_->size()));
   return *ep_;
+}
+
+Communicator& ProcessMesh::edp(int size) {
+  if (size == 1) return *dp_;
+  ep(size);
+  return *edp_;
 }
 
 }  // namespace loom::dist

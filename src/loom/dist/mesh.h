@@ -60,12 +60,17 @@ class ProcessMesh {
   // Collective over dp on the first call (made once, then the same group); size must
   // divide the dp size (an error naming expert_parallel.size).
   Communicator& ep(int size);
+  // The dp ranks holding the same experts as this one (the same d % size), rank d / size:
+  // expert gradients are reduced and their ZeRO shards split over these (Megatron's
+  // expert-data-parallel group). Size 1: dp itself.
+  Communicator& edp(int size);
+  int ep_size() const { return ep_ ? ep_->size() : 1; }  // 1 until ep() made the group
 
  private:
   Communicator& world_;
   MeshShape shape_;
   MeshCoord coord_;
-  std::unique_ptr<Communicator> dp_, pp_, tp_, ep_;
+  std::unique_ptr<Communicator> dp_, pp_, tp_, ep_, edp_;
 };
 
 }  // namespace loom::dist

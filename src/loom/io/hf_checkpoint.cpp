@@ -196,7 +196,8 @@ void write_hf_index(const fs::path& dir, int parts) {
       nlohmann::ordered_json{{"metadata", {{"total_size", total}}}, {"weight_map", map}});
 }
 
-void write_hf_weights(models::CausalLM& model, const fs::path& file, StDType dtype) {
+void write_hf_weights(models::CausalLM& model, const fs::path& file, StDType dtype,
+                      bool experts_only) {
   check_export_dtype(dtype);
   // LoRA branches merge into the weight they sit on; other PEFT parameters have no place in
   // the base architecture.
@@ -216,7 +217,7 @@ void write_hf_weights(models::CausalLM& model, const fs::path& file, StDType dty
   std::vector<std::vector<float>> copies;
   std::vector<StWriteTensor> tensors;
   for (auto& p : model.params().all()) {
-    if (p->adapter || p->stage_copy) continue;
+    if (p->adapter || p->stage_copy || (experts_only && !p->expert)) continue;
     LOOM_CHECK(p->shape == p->full_shape,
                "internal: " + p->name + " is a tensor-parallel shard; gather it before saving");
     StWriteTensor t;

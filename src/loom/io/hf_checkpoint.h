@@ -39,9 +39,10 @@ void save_hf_checkpoint(models::CausalLM& model, const std::filesystem::path& di
 // the weights `model` holds (full tensors; LoRA merged in; a tied embedding's stage copy
 // left to the first stage) into one safetensors file; config.json and the tokenizer files;
 // and, for a folder of `parts` weight files (hf_weights_file(s, parts) for s < parts), the
-// model.safetensors.index.json transformers reads them by.
+// model.safetensors.index.json transformers reads them by. experts_only: only the routed
+// experts' tensors (nn::Parameter::expert; what an expert-parallel rank adds to the first's).
 void write_hf_weights(models::CausalLM& model, const std::filesystem::path& file,
-                      StDType dtype = StDType::F32);
+                      StDType dtype = StDType::F32, bool experts_only = false);
 void write_hf_config(models::CausalLM& model, const std::filesystem::path& dir,
                      const std::filesystem::path& tokenizer_from, StDType dtype = StDType::F32);
 std::string hf_weights_file(int part, int parts);  // model.safetensors, model-00001-of-00004...

@@ -195,7 +195,7 @@ void load_adapter_weights(models::CausalLM& model, const fs::path& dir) {
   const std::string prefix = "base_model.model.";
   for (const std::string& n : ck.names())
     LOOM_CHECK(
-        used.count(n) || (n.starts_with(prefix) && model.in_other_stage(n.substr(prefix.size()))),
+        used.count(n) || (n.starts_with(prefix) && model.held_elsewhere(n.substr(prefix.size()))),
         file.string() + ": tensor '" + n + "' is not part of this " + model.arch() +
             " model's adapter");
 }
@@ -238,11 +238,12 @@ void write_adapter_config(models::CausalLM& model, const models::PeftConfig& cfg
   write_tokenizer_files(dir, tokenizer_from);
 }
 
-void write_adapter_weights(models::CausalLM& model, const fs::path& file) {
+void write_adapter_weights(models::CausalLM& model, const fs::path& file, bool experts_only) {
   std::vector<std::vector<float>> copies;
   std::vector<StWriteTensor> tensors;
   for (auto& [key, p] : adapter_tensors(model)) {
     if (p->stage_copy) continue;  // the first pipeline stage writes the tied table
+    if (experts_only && !p->expert) continue;
     LOOM_CHECK(p->shape == p->full_shape,
                "internal: " + p->name + " is a tensor-parallel shard; gather it before saving");
     StWriteTensor t{key, StDType::F32, p->shape, p->value.raw(), p->value.nbytes()};
@@ -256,7 +257,7 @@ void write_adapter_weights(models::CausalLM& model, const fs::path& file) {
     }
     tensors.push_back(std::move(t));
   }
-  if (nn::KVPrefix* pre = model.kv_prefix()) {
+  if (nn::KVPrefix* pre = experts_only ? nullptr : model.kv_prefix()) {
     // Without projection the table is the parameter (whole here, nn/full_tensors.h).
     const Tensor& table = pre->spec().projection ? pre->forward() : pre->embedding()->value;
     LOOM_CHECK(table.dim(1) == 2 * pre->num_layers() * pre->full_kv_width(),

@@ -47,8 +47,9 @@ void save_adapter(models::CausalLM& model, const models::PeftConfig& cfg,
 // The parts of save_adapter, for a model whose pipeline stages each write theirs: the
 // adapter tensors `model` holds (full tensors) into one safetensors file; the config and
 // tokenizer files; and the stages' files merged into adapter_model.safetensors (PEFT reads
-// one file), the parts removed.
-void write_adapter_weights(models::CausalLM& model, const std::filesystem::path& file);
+// one file), the parts removed. experts_only as in write_hf_weights.
+void write_adapter_weights(models::CausalLM& model, const std::filesystem::path& file,
+                           bool experts_only = false);
 void write_adapter_config(models::CausalLM& model, const models::PeftConfig& cfg,
                           const std::filesystem::path& dir,
                           const std::string& base_model_name_or_path,

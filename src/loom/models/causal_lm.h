@@ -47,8 +47,11 @@ struct KVCache {
 // gives a rank several). The rank holding layer 0 also holds the embeddings, the one holding
 // the last layer the final norm and the head (a tied head: its own copy of the token
 // table). No chunks: the whole model.
+// Under expert parallelism the rank also holds only its slice of each MoE layer's routed
+// experts: experts [ep_rank E / ep_size, (ep_rank + 1) E / ep_size) (nn/moe.h).
 struct StageRange {
   std::vector<std::pair<int64_t, int64_t>> chunks;
+  int ep_size = 1, ep_rank = 0;
 };
 
 // Activation checkpointing (Megatron's recompute_granularity / recompute_method /
@@ -122,6 +125,9 @@ class CausalLM {
   // True for a tensor name (HF's, or under it, e.g. a LoRA weight's) that another pipeline
   // stage holds: a stage model loads only its own and leaves the rest to the others.
   virtual bool in_other_stage(const std::string& name) const = 0;
+  // Whether another rank holds the tensor: another pipeline stage, or (a routed expert's,
+  // StageRange::ep_size) another expert-parallel rank.
+  virtual bool held_elsewhere(const std::string& name) const { return in_other_stage(name); }
   // A tied head's token table when this stage holds it (first or last stage), else null.
   virtual nn::Parameter* tied_embedding() const = 0;
   // The shape of what crosses between stages for a [B, T] micro-batch.

@@ -180,8 +180,10 @@ nn::MlaDims mla_dims(const DeepseekConfig& c) {
   return d;
 }
 
-nn::MoeSpec moe_spec(const DeepseekConfig& c) {
+nn::MoeSpec moe_spec(const DeepseekConfig& c, const StageRange& stage) {
   nn::MoeSpec s;
+  s.ep_size = stage.ep_size;
+  s.ep_rank = stage.ep_rank;
   s.hidden = c.hidden_size;
   s.inter = c.moe_intermediate_size;
   s.n_shared = c.n_shared_experts;
@@ -199,7 +201,8 @@ nn::MoeSpec moe_spec(const DeepseekConfig& c) {
 }
 
 std::unique_ptr<nn::DecoderBlock> deepseek_block(nn::ParamStore& ps, const std::string& name,
-                                                 const DeepseekConfig& c, MoeLayers moe) {
+                                                 const DeepseekConfig& c, const StageRange& stage,
+                                                 MoeLayers moe) {
   const int64_t layer = std::stoll(name.substr(name.rfind('.') + 1));
   const float std = c.initializer_range;
   auto norm1 = [&] {
@@ -217,7 +220,7 @@ std::unique_ptr<nn::DecoderBlock> deepseek_block(nn::ParamStore& ps, const std::
   }
   using Block = nn::PreNormBlock<nn::RMSNorm, nn::MlaAttention, nn::MoE>;
   auto block = std::make_unique<Block>(
-      norm1, norm2, attn, [&] { return nn::MoE(ps, name + ".mlp", moe_spec(c), std); });
+      norm1, norm2, attn, [&] { return nn::MoE(ps, name + ".mlp", moe_spec(c, stage), std); });
   moe->push_back({layer, &block->mlp()});
   return block;
 }
@@ -236,8 +239,8 @@ DecoderSpec deepseek_spec(const DeepseekConfig& c, const nn::TensorParallel& tp,
   s.cache_values = false;
   s.rope_inv_freq = kernels::rope_inv_freq(c.qk_rope_head_dim, c.rope_theta, c.rope_scaling);
   s.rope_scale = static_cast<float>(kernels::rope_attention_factor(c.rope_scaling));
-  s.make_block = [c, moe](nn::ParamStore& ps, const std::string& name) {
-    return deepseek_block(ps, name, c, moe);
+  s.make_block = [c, stage, moe](nn::ParamStore& ps, const std::string& name) {
+    return deepseek_block(ps, name, c, stage, moe);
   };
   return s;
 }
@@ -249,7 +252,10 @@ Deepseek::Deepseek(const DeepseekConfig& c, const nn::TensorParallel& tp, const 
 
 Deepseek::Deepseek(const DeepseekConfig& c, const nn::TensorParallel& tp, const StageRange& stage,
                    ParamBuffers buffers, MoeLayers moe)
-    : Decoder(deepseek_spec(c, tp, stage, moe), buffers), cfg_(c), moe_(*moe) {}
+    : Decoder(deepseek_spec(c, tp, stage, moe), buffers), cfg_(c), moe_(*moe) {
+  ep_size_ = stage.ep_size;
+  ep_rank_ = stage.ep_rank;
+}
 
 int64_t Deepseek::activation_bytes(int64_t B, int64_t T) const {
   const DeepseekConfig& c = cfg_;
@@ -281,17 +287,35 @@ int64_t Deepseek::activation_bytes(int64_t B, int64_t T) const {
          B * H * T * 4 * std::max<int64_t>(n_layers, 1);
 }
 
+namespace {
+// The number after `prefix` in `name` ("model.layers.12.mlp" -> 12 for "model.layers."), or
+// -1 when there is none.
+int64_t number_after(const std::string& name, const std::string& prefix, size_t from = 0) {
+  const size_t a = name.find(prefix, from);
+  if (a == std::string::npos) return -1;
+  const size_t s = a + prefix.size(), b = name.find('.', s);
+  const std::string num = name.substr(s, b == std::string::npos ? b : b - s);
+  if (num.empty() || num.size() > 9 || !std::all_of(num.begin(), num.end(), ::isdigit)) return -1;
+  return std::stoll(num);
+}
+}  // namespace
+
 bool Deepseek::hf_ignorable(const std::string& name) const {
   // V3 checkpoints carry multi-token-prediction layers after the last decoder layer.
-  if (name.starts_with("model.layers.")) {
-    const size_t a = 13, b = name.find('.', a);
-    const std::string num = name.substr(a, b == std::string::npos ? b : b - a);
-    if (!num.empty() && std::all_of(num.begin(), num.end(), ::isdigit) &&
-        std::stoll(num) >= cfg_.num_hidden_layers)
-      return true;
-  }
+  if (name.starts_with("model.layers.") &&
+      number_after(name, "model.layers.") >= cfg_.num_hidden_layers)
+    return true;
+
   return (tied_head() && name == "lm_head.weight") || name.ends_with("rotary_emb.inv_freq") ||
-         in_other_stage(name);
+         held_elsewhere(name);
+}
+
+bool Deepseek::held_elsewhere(const std::string& name) const {
+  if (const int64_t e = number_after(name, ".mlp.experts."); e >= 0 && ep_size_ > 1) {
+    const int64_t L = cfg_.n_routed_experts / ep_size_;
+    if (e < ep_rank_ * L || e >= (ep_rank_ + 1) * L) return true;
+  }
+  return in_other_stage(name);
 }
 
 void Deepseek::add_kv_prefix(const nn::PrefixSpec&) {

@@ -62,6 +62,7 @@ class Deepseek : public Decoder {
   nlohmann::json hf_config() const override { return cfg_.to_hf(); }
   bool hf_transposed(const nn::Parameter&) const override { return false; }
   bool hf_ignorable(const std::string& name) const override;
+  bool held_elsewhere(const std::string& name) const override;
   int64_t activation_bytes(int64_t B, int64_t T) const override;
   void add_kv_prefix(const nn::PrefixSpec& spec) override;
   const DeepseekConfig& config() const { return cfg_; }
@@ -75,6 +76,7 @@ class Deepseek : public Decoder {
 
   DeepseekConfig cfg_;
   std::vector<MoeLayer> moe_;
+  int ep_size_ = 1, ep_rank_ = 0;  // the routed-expert slice this rank holds (StageRange)
 };
 
 }  // namespace loom::models

@@ -47,6 +47,7 @@ LoRA& Linear::attach_lora(ParamStore& ps, const LoraSpec& spec, const DropoutCon
   // Full sizes and W's shard: the branch splits with the layer (nn/lora.h).
   lora_ = std::make_unique<LoRA>(ps, name_, w_->full_shape[1], w_->full_shape[0], spec, ctx, tp_,
                                  w_->shard, replicas_);
+  lora_->A()->expert = lora_->B()->expert = w_->expert;  // held where the weight is
   return *lora_;
 }
 

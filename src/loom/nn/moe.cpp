@@ -9,11 +9,20 @@ namespace loom::nn {
 MoE::MoE(ParamStore& ps, const std::string& name, const MoeSpec& s, float init_std)
     : s_(s),
       experts_([&] {
+        LOOM_CHECK(s.ep_size >= 1 && s.router.n_experts % s.ep_size == 0,
+                   "expert_parallel.size " + std::to_string(s.ep_size) +
+                       " does not divide n_routed_experts " + std::to_string(s.router.n_experts));
         // Declared before the router, as transformers' module order has them.
+        const int64_t L = s.router.n_experts / s.ep_size;
         std::vector<std::unique_ptr<SwiGluMLP>> v;
-        for (int64_t e = 0; e < s.router.n_experts; ++e)
+        for (int64_t e = s.ep_rank * L; e < (s.ep_rank + 1) * L; ++e) {
           v.push_back(std::make_unique<SwiGluMLP>(ps, name + ".experts." + std::to_string(e),
                                                   s.hidden, s.inter, init_std));
+          for (Linear* l : v.back()->linears()) {
+            l->weight()->expert = true;
+            if (l->bias()) l->bias()->expert = true;
+          }
+        }
         return v;
       }()),
       router_(ps, name + ".gate", s.router, init_std) {
@@ -22,10 +31,16 @@ MoE::MoE(ParamStore& ps, const std::string& name, const MoeSpec& s, float init_s
 }
 
 void MoE::set_expert_parallel(const ExpertParallel& ep) {
-  LOOM_CHECK(s_.router.n_experts % ep.size() == 0,
-             "expert_parallel.size " + std::to_string(ep.size()) +
-                 " does not divide n_routed_experts " + std::to_string(s_.router.n_experts));
+  LOOM_CHECK(ep.size() == s_.ep_size && ep.rank() == s_.ep_rank,
+             "internal: expert-parallel rank " + std::to_string(ep.rank()) + " of " +
+                 std::to_string(ep.size()) + " runs a layer declared with experts of rank " +
+                 std::to_string(s_.ep_rank) + " of " + std::to_string(s_.ep_size));
   ep_ = ep;
+}
+
+bool MoE::holds_expert(int64_t e) const {
+  const int64_t L = s_.router.n_experts / s_.ep_size;
+  return e >= s_.ep_rank * L && e < (s_.ep_rank + 1) * L;
 }
 
 std::vector<Linear*> MoE::linears() {
@@ -95,8 +110,7 @@ void MoE::key_expert_dropout(int64_t N) {
     for (Linear* l : e->linears())
       if (!ctx && l->lora()) ctx = l->lora()->context();
   if (!ctx) return;  // no LoRA on the experts
-  const int64_t K = s_.router.top_k, L = static_cast<int64_t>(eoff_.size()) - 1,
-                first = ep_.rank() * L;
+  const int64_t K = s_.router.top_k, L = static_cast<int64_t>(eoff_.size()) - 1;
   // Each sorted row's token row in the global batch, carried as the bits of two floats.
   Tensor sorted = Tensor::zeros({N * K, 2});
   for (int64_t i = 0; i < N * K; ++i) {
@@ -109,13 +123,16 @@ void MoE::key_expert_dropout(int64_t N) {
   for (int64_t r = 0; r < eoff_[L]; ++r)
     std::memcpy(&rows_[r], mine.f32() + r * 2, sizeof(int64_t));
   for (int64_t j = 0; j < L; ++j)
-    for (Linear* l : experts_[first + j]->linears())
+    for (Linear* l : experts_[j]->linears())
       if (l->lora()) l->lora()->set_rows(rows_.data() + eoff_[j]);
 }
 
 const Tensor& MoE::forward(const Tensor& x) {
   const int64_t C = s_.hidden, E = s_.router.n_experts, K = s_.router.top_k, N = x.numel() / C;
-  const int64_t P = ep_.size(), L = E / P, first = ep_.rank() * L;
+  LOOM_CHECK(ep_.size() == s_.ep_size,
+             "internal: a layer declared with a slice of the experts runs without its "
+             "expert-parallel group (MoE::set_expert_parallel)");
+  const int64_t P = ep_.size(), L = E / P;
   router_.forward(x);
   const std::vector<int32_t>& idx = router_.experts();
   // Counting sort of the (token, slot) pairs by expert, tokens in order within each.
@@ -169,7 +186,7 @@ const Tensor& MoE::forward(const Tensor& x) {
   Tensor out = Tensor::zeros({eoff_[L], C});
   for (int64_t j = 0; j < L; ++j)
     if (eoff_[j + 1] > eoff_[j]) {
-      const Tensor& o = experts_[first + j]->forward(rows.slice0(eoff_[j], eoff_[j + 1]));
+      const Tensor& o = experts_[j]->forward(rows.slice0(eoff_[j], eoff_[j + 1]));
       std::memcpy(out.f32() + eoff_[j] * C, o.f32(), o.numel() * sizeof(float));
     }
   ensure(ys_, {N * K, C});
@@ -196,7 +213,7 @@ const Tensor& MoE::forward(const Tensor& x) {
 
 void MoE::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch) {
   const int64_t C = s_.hidden, E = s_.router.n_experts, K = s_.router.top_k, N = dy.numel() / C;
-  const int64_t L = E / ep_.size(), first = ep_.rank() * L;
+  const int64_t L = E / ep_.size();
   const float* w = router_.weights().f32();
   if (shared_) shared_->backward(dy, dx, scratch);
   // dys[row of (t, k)] = w[t, k] dy[t]; dw[t, k] = dy[t] . ys[row of (t, k)].
@@ -219,8 +236,8 @@ void MoE::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch) {
   Tensor dxe = scratch.zeros("moe.dxe", {eoff_[L], C});
   for (int64_t j = 0; j < L; ++j)
     if (eoff_[j + 1] > eoff_[j])
-      experts_[first + j]->backward(dye.slice0(eoff_[j], eoff_[j + 1]),
-                                    dxe.slice0(eoff_[j], eoff_[j + 1]), scratch);
+      experts_[j]->backward(dye.slice0(eoff_[j], eoff_[j + 1]), dxe.slice0(eoff_[j], eoff_[j + 1]),
+                            scratch);
   Tensor dxs = scratch.zeros("moe.dxs", {N * K, C});
   from_experts(dxe, dxs);
   float* dxp = dx.f32();

@@ -16,10 +16,10 @@
 // received rows [source][expert] are regrouped by expert, run, put back in received order
 // and returned with the reverse all_to_all. Backward runs the same exchanges on the
 // gradients. Every rank of the group must run the same MoE layers in the same order.
-// The expert weights are still declared whole on every rank (each computes and gets
-// gradients only for its own experts; the data-parallel sum then adds the owners' parts),
-// so EP splits the experts' compute and moves tokens, not yet their memory (ZeRO-3, which
-// shards every parameter over dp, is what cuts it today).
+// A rank declares only its slice of the routed experts (MoeSpec::ep_size / ep_rank, the
+// same split set_expert_parallel runs), marked Parameter::expert: ZeroEngine reduces their
+// gradients over the dp ranks holding the same slice, and checkpoints write each slice
+// from its own rank.
 #pragma once
 
 #include <memory>
@@ -38,6 +38,8 @@ struct MoeSpec {
   int64_t hidden = 0, inter = 0;  // moe_intermediate_size
   int64_t n_shared = 0;
   RouterSpec router;
+  // The routed experts this rank declares: [ep_rank E / ep_size, (ep_rank + 1) E / ep_size).
+  int ep_size = 1, ep_rank = 0;
 };
 
 struct ExpertParallel {
@@ -55,9 +57,11 @@ class MoE {
   std::vector<Linear*> linears();
   void release_activations();
   Router& router() { return router_; }
-  // Splits the routed experts over ep's ranks (the size must divide n_routed_experts: an
-  // error naming expert_parallel.size otherwise).
+  // Runs the routed experts over ep's ranks: its size and rank must be the split the layer
+  // was declared with (MoeSpec).
   void set_expert_parallel(const ExpertParallel& ep);
+  // Whether routed expert e is one of this rank's (MoeSpec's slice).
+  bool holds_expert(int64_t e) const;
   // Floats this rank sent to other ranks in its last forward's token exchange (the
   // returns of backward's exchange are the same amount again).
   int64_t dispatch_floats() const { return dispatched_; }
@@ -74,7 +78,7 @@ class MoE {
   void key_expert_dropout(int64_t N);
 
   MoeSpec s_;
-  std::vector<std::unique_ptr<SwiGluMLP>> experts_;
+  std::vector<std::unique_ptr<SwiGluMLP>> experts_;  // this rank's slice, in expert order
   Router router_;
   std::optional<SwiGluMLP> shared_;
   ExpertParallel ep_;

@@ -97,9 +97,9 @@ void ParamStore::materialize(const std::function<int(const Parameter&)>& group) 
                "parameter " + p->name + " is quantized and cannot be trained");
     if (p->trainable) order.push_back(p.get());
   }
-  if (group)
-    std::stable_sort(order.begin(), order.end(),
-                     [&](const Parameter* a, const Parameter* b) { return group(*a) < group(*b); });
+  auto key = [&](const Parameter* p) { return std::pair{p->expert, group ? group(*p) : 0}; };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const Parameter* a, const Parameter* b) { return key(a) < key(b); });
   size_t total = 0;
   for (Parameter* p : order) {
     p->offset = p->grad_offset = total;

@@ -72,6 +72,10 @@ struct Parameter {
   // The last pipeline stage's copy of a tied embedding (the head's weight): the first stage
   // holds the copy that counts (gradient norms, checkpoints); both are updated alike.
   bool stage_copy = false;
+  // A routed expert's weight (nn/moe.h) or its adapter: under expert parallelism only the
+  // ranks of its expert slice hold it, so its gradient is reduced over the dp ranks with
+  // the same expert slice (ZeroEngine's expert units), not over all of dp.
+  bool expert = false;
   ParamKind kind = ParamKind::Weight;
   float init_std = 0.0f;  // normal(0, init_std); 0 with init_value: constant fill
   float init_value = 0.0f;
@@ -118,7 +122,9 @@ class ParamStore {
   // after parameters were added, frozen or quantized, it lays the buffers out anew and
   // copies every f32 value across (new parameters start at zero: call init_new()).
   // `group` orders the trainable parameters: by group, then in declaration order (a
-  // model's units, so that each unit's trainable parameters are one contiguous range).
+  // model's units, so that each unit's trainable parameters are one contiguous range);
+  // expert parameters (Parameter::expert) come after all the others, by group too, so a
+  // unit's dense and expert parts are each one contiguous range.
   void materialize(const std::function<int(const Parameter&)>& group = {});
   // ZeRO: the engine holds sharded copies instead. Drops the f32 values of trainable
   // parameters (frozen ones are kept) / the gradient buffer; the views become undefined

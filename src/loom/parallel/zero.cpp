@@ -15,13 +15,20 @@ namespace loom::parallel {
 // ---------------------------------------------------------------------------------------
 // Partition
 
-ZeroPartition ZeroPartition::make(const std::vector<int64_t>& lens, int world, int rank) {
+ZeroPartition ZeroPartition::make(const std::vector<int64_t>& lens, int world, int rank,
+                                  const std::vector<bool>& expert, int expert_world,
+                                  int expert_rank) {
   ZeroPartition p;
   p.world = world;
   p.rank = rank;
+  p.expert_world = expert_world > 0 ? expert_world : world;
+  p.expert_rank = expert_world > 0 ? expert_rank : rank;
+  p.expert = expert;
+  p.expert.resize(lens.size(), false);
   int64_t start = 0;
-  for (int64_t L : lens) {
-    const int64_t c = (L + world - 1) / world;
+  for (size_t u = 0; u < lens.size(); ++u) {
+    const int64_t L = lens[u], N = p.world_of(u);
+    const int64_t c = (L + N - 1) / N;
     p.unit_start.push_back(start);
     p.unit_len.push_back(L);
     p.piece.push_back(c);
@@ -33,7 +40,7 @@ ZeroPartition ZeroPartition::make(const std::vector<int64_t>& lens, int world, i
 }
 
 int64_t ZeroPartition::piece_end(size_t u) const {
-  return std::min(unit_len[u], (rank + 1) * piece[u]);
+  return std::min(unit_len[u], (rank_of(u) + 1) * piece[u]);
 }
 
 ZeroMemory ZeroPartition::memory(int stage, int64_t frozen_bytes, const StateBytes& b) const {
@@ -41,7 +48,7 @@ ZeroMemory ZeroPartition::memory(int stage, int64_t frozen_bytes, const StateByt
   std::vector<int64_t> padded;
   for (size_t u = 0; u < unit_len.size(); ++u) {
     total += unit_len[u];
-    padded.push_back(piece[u] * world);
+    padded.push_back(piece[u] * world_of(u));
   }
   std::sort(padded.rbegin(), padded.rend());
   padded.resize(std::max<size_t>(padded.size(), 3), 0);
@@ -82,6 +89,8 @@ struct ZeroEngine::Unit {
   std::vector<nn::Parameter*> params;               // trainable ones, in flat order
   std::vector<std::vector<nn::Parameter*>> copies;  // the same, of each add_context()
   int64_t start = 0, len = 0;                       // flat range
+  bool expert = false;                              // reduced over edp (ZeroEngine::comm)
+  int expert_part = -1;                             // a model unit's expert unit, if any
   Tensor grad;                                      // stage >= 2: this backward's gradient, padded
   Tensor value;                                     // stage 3: gathered parameters, padded
   dist::Request gather;                             // stage 3: a prefetch in flight into `value`
@@ -112,6 +121,18 @@ struct ZeroEngine::Pending {
 namespace {
 uint16_t* bits(const Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
 
+// A model unit's trainable parameters in flat order: its dense part, then its expert part.
+std::pair<std::vector<nn::Parameter*>, std::vector<nn::Parameter*>> split_unit(
+    const std::vector<nn::Parameter*>& group) {
+  std::vector<nn::Parameter*> dense, expert;
+  for (nn::Parameter* p : group)
+    if (p->trainable) (p->expert ? expert : dense).push_back(p);
+  for (auto* v : {&dense, &expert})
+    std::sort(v->begin(), v->end(),
+              [](auto* a, auto* b) { return a->grad_offset < b->grad_offset; });
+  return {dense, expert};
+}
+
 // The parts of a unit's small parameters (Unit::small_runs) inside the piece [lo, hi):
 // fn(unit_at, small_at, n, k), k the piece's small elements before this part; returns
 // their count.
@@ -129,23 +150,32 @@ int64_t for_piece_runs(const Runs& runs, int64_t lo, int64_t hi, Fn&& fn) {
 }  // namespace
 
 ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const ZeroConfig& cfg,
-                       const optim::AdamWConfig& adamw, const nn::TensorParallel& tp)
-    : model_(model), comm_(dp), cfg_(cfg), tp_(tp) {
+                       const optim::AdamWConfig& adamw, const nn::TensorParallel& tp,
+                       dist::Communicator* edp)
+    : model_(model), comm_(dp), edp_(edp), cfg_(cfg), tp_(tp) {
   LOOM_CHECK(cfg.stage >= 0 && cfg.stage <= 3,
              "zero_optimization.stage must be 0, 1, 2 or 3, got " + std::to_string(cfg.stage));
   nn::ParamStore& ps = model.params();
   // Units and their flat ranges: each unit's trainable parameters are one contiguous run,
-  // units in increasing order (ParamStore::materialize with the model's unit_of).
+  // units in increasing order (ParamStore::materialize with the model's unit_of: the dense
+  // parts in model order, then the expert parts).
   std::vector<std::vector<nn::Parameter*>> groups = model.units();
   units_.resize(groups.size());
-  std::vector<int64_t> lens;
-  int64_t at = 0;
   for (size_t u = 0; u < groups.size(); ++u) {
+    auto [dense, expert] = split_unit(groups[u]);
+    units_[u].params = std::move(dense);
+    if (expert.empty()) continue;
+    units_[u].expert_part = static_cast<int>(units_.size());
+    Unit e;
+    e.params = std::move(expert);
+    e.expert = true;
+    units_.push_back(std::move(e));
+  }
+  std::vector<int64_t> lens;
+  std::vector<bool> is_expert;
+  int64_t at = 0;
+  for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = units_[u];
-    for (nn::Parameter* p : groups[u])
-      if (p->trainable) unit.params.push_back(p);
-    std::sort(unit.params.begin(), unit.params.end(),
-              [](auto* a, auto* b) { return a->grad_offset < b->grad_offset; });
     unit.start = at;
     for (nn::Parameter* p : unit.params) {
       LOOM_CHECK(static_cast<int64_t>(p->grad_offset) == at,
@@ -155,23 +185,30 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
     }
     unit.len = at - unit.start;
     lens.push_back(unit.len);
+    is_expert.push_back(unit.expert);
   }
   LOOM_CHECK(at == ps.trainable_numel(), "ZeRO: units do not cover the trainable parameters");
-  part_ = ZeroPartition::make(lens, comm_.size(), comm_.rank());
+  dist::Communicator& ecomm = edp_ ? *edp_ : comm_;
+  part_ =
+      ZeroPartition::make(lens, comm_.size(), comm_.rank(), is_expert, ecomm.size(), ecomm.rank());
 
-  // Stage 0 buckets: consecutive units in the order their gradients complete (L+1 down to
-  // 0, then a prefix), merged while flat-adjacent until reduce_bucket_size elements.
+  // Stage 0 buckets: consecutive units of one group in the order their gradients complete
+  // (L+1 down to 0, then a prefix), merged while flat-adjacent until reduce_bucket_size
+  // elements.
   if (cfg_.stage == 0) {
     std::vector<int> ready_order;
-    const int L = model.num_layers();
+    const int L = model.num_layers(), M = static_cast<int>(groups.size());
     for (int u = L + 1; u >= 0; --u) ready_order.push_back(u);
-    for (int u = L + 2; u < static_cast<int>(units_.size()); ++u) ready_order.push_back(u);
+    for (int u = L + 2; u < M; ++u) ready_order.push_back(u);
+    for (int i = 0; i < M; ++i)
+      if (const int e = units_[ready_order[i]].expert_part; e >= 0) ready_order.push_back(e);
     std::vector<int> cur;
     int64_t cur_len = 0;
     for (int u : ready_order) {
       if (units_[u].len == 0) continue;
       const bool adjacent =
-          cur.empty() || units_[u].start + units_[u].len == units_[cur.back()].start;
+          cur.empty() || (units_[u].start + units_[u].len == units_[cur.back()].start &&
+                          units_[u].expert == units_[cur.back()].expert);
       if (!cur.empty() && (!adjacent || cur_len >= cfg_.reduce_bucket_size)) {
         buckets_.push_back(cur);
         cur.clear();
@@ -222,7 +259,7 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
         const int64_t at = static_cast<int64_t>(p->grad_offset) - u.start, n = p->value.numel();
         if (nn::takes_half(*p)) {
           if (!u.half.defined())
-            u.half = nn::half_zeros({part_.piece[i] * part_.world}, *cfg_.half);
+            u.half = nn::half_zeros({part_.piece[i] * part_.world_of(i)}, *cfg_.half);
           kernels::to_half(*cfg_.half, p->value.f32(), bits(u.half) + at, n);
         } else {
           u.small_runs.push_back({at, n, small});
@@ -233,7 +270,7 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
       for (const Unit::Run& r : u.small_runs)
         std::memcpy(u.small.f32() + r.small_at, ps.flat_values().f32() + u.start + r.at,
                     r.n * sizeof(float));
-      for (int rank = 0; rank < part_.world; ++rank) {
+      for (int rank = 0; rank < part_.world_of(i); ++rank) {
         const int64_t lo = rank * part_.piece[i], hi = std::min(u.len, lo + part_.piece[i]);
         u.small_max = std::max(u.small_max, for_piece_runs(u.small_runs, lo, hi, [](auto...) {}));
       }
@@ -259,16 +296,16 @@ void ZeroEngine::add_context(models::CausalLM& ctx) {
   // The views as the engine left them (dropped values and gradients at stages 3 and 2).
   ctx.params().share_from(model_.params());
   std::vector<std::vector<nn::Parameter*>> groups = ctx.units();
-  LOOM_CHECK(groups.size() == units_.size(), "internal: an activation context's units differ");
-  for (size_t u = 0; u < units_.size(); ++u) {
-    std::vector<nn::Parameter*> copy;
-    for (nn::Parameter* p : groups[u])
-      if (p->trainable) copy.push_back(p);
-    std::sort(copy.begin(), copy.end(),
-              [](auto* a, auto* b) { return a->grad_offset < b->grad_offset; });
+  LOOM_CHECK(groups.size() <= units_.size(), "internal: an activation context's units differ");
+  auto add = [&](size_t u, std::vector<nn::Parameter*> copy) {
     LOOM_CHECK(copy.size() == units_[u].params.size(),
                "internal: an activation context's unit " + std::to_string(u) + " differs");
     units_[u].copies.push_back(std::move(copy));
+  };
+  for (size_t u = 0; u < groups.size(); ++u) {
+    auto [dense, expert] = split_unit(groups[u]);
+    add(u, std::move(dense));
+    if (units_[u].expert_part >= 0) add(units_[u].expert_part, std::move(expert));
   }
   contexts_.push_back(&ctx);
   ctx.set_unit_hooks(this);
@@ -310,6 +347,14 @@ void ZeroEngine::point_working(Unit& u) {
   for (const auto& copy : u.copies) set(copy);
 }
 
+dist::Communicator& ZeroEngine::comm(size_t unit) const {
+  return units_[unit].expert && edp_ ? *edp_ : comm_;
+}
+
+bool ZeroEngine::writes(const OwnedRun& r) const {
+  return cfg_.stage > 0 || comm(unit_of(*r.param).first).rank() == 0;
+}
+
 float* ZeroEngine::owned_value(const OwnedRun& r) {
   if (master_sharded_) return shard_values_.f32() + r.state_offset;
   return r.param->value.f32() + r.begin;
@@ -335,7 +380,7 @@ void ZeroEngine::end_backward() {
 void ZeroEngine::reduce_grads() {
   if (cfg_.stage <= 1) {
     last_micro_ = true;
-    const int L = model_.num_layers(), n = static_cast<int>(units_.size());
+    const int L = model_.num_layers(), n = model_.num_units();
     for (int u = L + 1; u >= 0; --u) grads_ready(u);  // the order backward completes them
     for (int u = L + 2; u < n; ++u) grads_ready(u);
   }
@@ -354,13 +399,13 @@ Tensor ZeroEngine::reduced_grad(const nn::Parameter& p) {
   if (cfg_.stage == 0) return p.grad;
   const auto [u, p0] = unit_of(p);
   const int64_t c = part_.piece[u], lo = part_.piece_begin(u), hi = part_.piece_end(u);
-  Tensor unit = Tensor::zeros({c * part_.world});
+  Tensor unit = Tensor::zeros({c * part_.world_of(u)});
   if (hi > lo)
     std::memcpy(unit.f32() + lo, shard_grads_.f32() + part_.shard_offset[u],
                 (hi - lo) * sizeof(float));
   {
     prof::ScopedPhase ph(prof::Phase::Comm);
-    comm_.all_gather(unit.f32() + lo, unit.f32(), c);
+    comm(u).all_gather(unit.f32() + lo, unit.f32(), c);
   }
   return unit.slice0(p0, p0 + shape_numel(p.shape)).reshape(p.shape);
 }
@@ -382,11 +427,23 @@ void ZeroEngine::add_to_reduced_grad(const nn::Parameter& p, const Tensor& extra
 }
 
 double ZeroEngine::grad_sq_norm() {
-  double s = 0.0;
+  // Stage 0 under expert parallelism: each rank holds its expert slice's summed gradients
+  // (the same on every rank of its edp group); they count on edp rank 0 and are summed
+  // over dp, as the ZeRO pieces of stages 1-3 are.
+  const bool split = cfg_.stage == 0 && edp_ && edp_->size() < comm_.size();
+  double s[2] = {0.0, 0.0};  // dense, expert (split only)
   const bool stage_copy = std::any_of(owned_.begin(), owned_.end(),
                                       [](const OwnedRun& r) { return r.param->stage_copy; });
+  const Tensor& flat = model_.params().flat_grads();
   if (!tp_.active() && !stage_copy) {
-    s = optim::sum_of_squares(cfg_.stage == 0 ? model_.params().flat_grads() : shard_grads_);
+    if (cfg_.stage > 0) {
+      s[0] = optim::sum_of_squares(shard_grads_);
+    } else if (!split) {
+      s[0] = optim::sum_of_squares(flat);
+    } else {
+      for (const Unit& u : units_)
+        s[u.expert] += optim::sum_of_squares(flat.slice0(u.start, u.start + u.len));
+    }
   } else {
     // Each tp rank holds different shards: sum them over the group, each replicated
     // parameter (norms, row-parallel biases, replicated key/value slices) counted once.
@@ -394,13 +451,17 @@ double ZeroEngine::grad_sq_norm() {
       if (!nn::primary_copy(*r.param, tp_.rank()) || r.param->stage_copy) continue;
       const int64_t at =
           cfg_.stage == 0 ? static_cast<int64_t>(r.param->grad_offset) + r.begin : r.state_offset;
-      const Tensor& g = cfg_.stage == 0 ? model_.params().flat_grads() : shard_grads_;
-      s += optim::sum_of_squares(g.slice0(at, at + (r.end - r.begin)));
+      const Tensor& g = cfg_.stage == 0 ? flat : shard_grads_;
+      s[split && r.param->expert] += optim::sum_of_squares(g.slice0(at, at + (r.end - r.begin)));
     }
-    if (tp_.active()) tp_.comm->all_reduce_sum(&s, 1);
+    if (tp_.active()) tp_.comm->all_reduce_sum(s, 2);
   }
-  if (cfg_.stage > 0) comm_.all_reduce_sum(&s, 1);  // padding elements are zero
-  return s;
+  if (split) {
+    if (edp_->rank() != 0) s[1] = 0.0;
+    comm_.all_reduce_sum(&s[1], 1);
+  }
+  if (cfg_.stage > 0) comm_.all_reduce_sum(&s[0], 1);  // padding elements are zero
+  return s[0] + s[1];
 }
 
 void ZeroEngine::optimizer_step(float lr, float clip_coef) {
@@ -436,11 +497,11 @@ void ZeroEngine::sync_params() {
   for (size_t u = 0; u < units_.size(); ++u) {
     const int64_t L = units_[u].len, c = part_.piece[u];
     if (L == 0) continue;
-    Tensor staged = Tensor::zeros({c * part_.world});
+    Tensor staged = Tensor::zeros({c * part_.world_of(u)});
     const int64_t lo = part_.piece_begin(u), hi = part_.piece_end(u);
     if (hi > lo)
       std::memcpy(staged.f32() + lo, values + units_[u].start + lo, (hi - lo) * sizeof(float));
-    comm_.all_gather(staged.f32() + lo, staged.f32(), c);
+    comm(u).all_gather(staged.f32() + lo, staged.f32(), c);
     std::memcpy(values + units_[u].start, staged.f32(), L * sizeof(float));
   }
 }
@@ -464,21 +525,21 @@ void ZeroEngine::sync_working() {
     if (u.half.defined()) {
       uint16_t* mine = bits(u.half) + lo;
       if (hi > lo) kernels::to_half(*cfg_.half, master, mine, hi - lo);
-      reqs.push_back(comm_.iall_gather(mine, bits(u.half), c));
+      reqs.push_back(comm(i).iall_gather(mine, bits(u.half), c));
     }
     if (u.small_max > 0) {
-      packed[i] = Tensor::zeros({u.small_max * part_.world});
-      float* mine = packed[i].f32() + part_.rank * u.small_max;
-      for_runs(i, part_.rank, [&](int64_t at, int64_t, int64_t n, int64_t k) {
+      packed[i] = Tensor::zeros({u.small_max * part_.world_of(i)});
+      float* mine = packed[i].f32() + part_.rank_of(i) * u.small_max;
+      for_runs(i, part_.rank_of(i), [&](int64_t at, int64_t, int64_t n, int64_t k) {
         std::memcpy(mine + k, master + (at - lo), n * sizeof(float));
       });
-      reqs.push_back(comm_.iall_gather(mine, packed[i].f32(), u.small_max));
+      reqs.push_back(comm(i).iall_gather(mine, packed[i].f32(), u.small_max));
     }
   }
   for (dist::Request& r : reqs) r.wait();
   for (size_t i = 0; i < units_.size(); ++i) {
     if (!packed[i].defined()) continue;
-    for (int rank = 0; rank < part_.world; ++rank) {
+    for (int rank = 0; rank < part_.world_of(i); ++rank) {
       const float* from = packed[i].f32() + rank * units_[i].small_max;
       for_runs(i, rank, [&](int64_t, int64_t small_at, int64_t n, int64_t k) {
         std::memcpy(units_[i].small.f32() + small_at, from + k, n * sizeof(float));
@@ -491,6 +552,11 @@ void ZeroEngine::sync_working() {
 // Hooks: gradients
 
 void ZeroEngine::grads_ready(int unit) {
+  grads_ready_one(unit);
+  if (const int e = units_[unit].expert_part; e >= 0) grads_ready_one(e);
+}
+
+void ZeroEngine::grads_ready_one(int unit) {
   if (units_[unit].len == 0) return;
   if (cfg_.stage <= 1 && !last_micro_) return;  // accumulate locally until the last one
   if (cfg_.stage == 0) {
@@ -507,9 +573,9 @@ void ZeroEngine::grads_ready(int unit) {
         p->wire = nn::half_zeros({n}, *cfg_.comm);
         kernels::to_half(*cfg_.comm, g, bits(p->wire), n);
         p->out = g;
-        p->req = comm_.iall_reduce_sum(*cfg_.comm, bits(p->wire), n);
+        p->req = comm(b[0]).iall_reduce_sum(*cfg_.comm, bits(p->wire), n);
       } else {
-        p->req = comm_.iall_reduce_sum(g, n);
+        p->req = comm(b[0]).iall_reduce_sum(g, n);
       }
       pending_.push_back(std::move(p));
     }
@@ -521,13 +587,13 @@ void ZeroEngine::grads_ready(int unit) {
 
 void ZeroEngine::launch_reduce(int unit) {
   Unit& u = units_[unit];
-  const int64_t c = part_.piece[unit];
+  const int64_t c = part_.piece[unit], N = part_.world_of(unit);
   auto p = std::make_unique<Pending>();
   p->units = {unit};
   p->piece = Tensor::zeros({c});
   const float* send;
   if (cfg_.stage == 1) {  // the unit's accumulated gradient, padded
-    p->staged = Tensor::zeros({c * part_.world});
+    p->staged = Tensor::zeros({c * N});
     std::memcpy(p->staged.f32(), model_.params().flat_grads().f32() + u.start,
                 u.len * sizeof(float));
     send = p->staged.f32();
@@ -535,13 +601,13 @@ void ZeroEngine::launch_reduce(int unit) {
     send = u.grad.f32();  // allocated padded in acquire()
   }
   if (cfg_.comm) {
-    p->wire = nn::half_zeros({c * part_.world}, *cfg_.comm);
-    kernels::to_half(*cfg_.comm, send, bits(p->wire), c * part_.world);
+    p->wire = nn::half_zeros({c * N}, *cfg_.comm);
+    kernels::to_half(*cfg_.comm, send, bits(p->wire), c * N);
     p->staged = Tensor();
     p->wire_piece = nn::half_zeros({c}, *cfg_.comm);
-    p->req = comm_.ireduce_scatter_sum(*cfg_.comm, bits(p->wire), bits(p->wire_piece), c);
+    p->req = comm(unit).ireduce_scatter_sum(*cfg_.comm, bits(p->wire), bits(p->wire_piece), c);
   } else {
-    p->req = comm_.ireduce_scatter_sum(send, p->piece.f32(), c);
+    p->req = comm(unit).ireduce_scatter_sum(send, p->piece.f32(), c);
   }
   pending_.push_back(std::move(p));
   // Bound the gradient memory in flight (stage 2/3 allocate a unit's gradient per backward).
@@ -594,37 +660,45 @@ void ZeroEngine::wait_all() {
 void ZeroEngine::start_gather(int unit) {
   Unit& u = units_[unit];
   const int64_t c = part_.piece[unit];
-  u.value = Tensor::zeros({c * part_.world});
-  float* mine = u.value.f32() + part_.rank * c;
+  u.value = Tensor::zeros({c * part_.world_of(unit)});
+  float* mine = u.value.f32() + part_.rank_of(unit) * c;
   const int64_t n = part_.piece_end(unit) - part_.piece_begin(unit);
   if (n > 0) std::memcpy(mine, shard_values_.f32() + part_.shard_offset[unit], n * sizeof(float));
-  u.gather = comm_.iall_gather(mine, u.value.f32(), c);
+  u.gather = comm(unit).iall_gather(mine, u.value.f32(), c);
 }
 
 void ZeroEngine::acquire(int unit) {
-  Unit& u = units_[unit];
-  if (u.len == 0) return;
-  if (cfg_.stage >= 3) {
-    if (u.refs++ == 0) {
-      if (!u.value.defined()) start_gather(unit);
-      u.gather.wait();
-      point(u, &nn::Parameter::value, u.value);
-      for (nn::Parameter* p : u.params) nn::mark_half_stale(*p);
-    }
-    // Prefetch the unit that runs next: forward goes up, backward down.
-    const int next = in_backward_ ? unit - 1 : unit + 1;
-    if (next >= 0 && next < static_cast<int>(units_.size()) && units_[next].len > 0 &&
-        !units_[next].value.defined())
-      start_gather(next);
-  }
-  if (cfg_.stage >= 2 && in_backward_ && !u.grad.defined()) {
-    u.grad = Tensor::zeros({part_.piece[unit] * part_.world});
-    point(u, &nn::Parameter::grad, u.grad);
-  }
+  acquire_one(unit);
+  if (const int e = units_[unit].expert_part; e >= 0) acquire_one(e);
+  // Stage 3: prefetch the model unit that runs next (forward goes up, backward down).
+  const int next = in_backward_ ? unit - 1 : unit + 1;
+  if (cfg_.stage >= 3 && next >= 0 && next < model_.num_units())
+    for (const int n : {next, units_[next].expert_part})
+      if (n >= 0 && units_[n].len > 0 && !units_[n].value.defined()) start_gather(n);
   progress();
 }
 
+void ZeroEngine::acquire_one(int unit) {
+  Unit& u = units_[unit];
+  if (u.len == 0) return;
+  if (cfg_.stage >= 3 && u.refs++ == 0) {
+    if (!u.value.defined()) start_gather(unit);
+    u.gather.wait();
+    point(u, &nn::Parameter::value, u.value);
+    for (nn::Parameter* p : u.params) nn::mark_half_stale(*p);
+  }
+  if (cfg_.stage >= 2 && in_backward_ && !u.grad.defined()) {
+    u.grad = Tensor::zeros({part_.piece[unit] * part_.world_of(unit)});
+    point(u, &nn::Parameter::grad, u.grad);
+  }
+}
+
 void ZeroEngine::release(int unit) {
+  release_one(unit);
+  if (const int e = units_[unit].expert_part; e >= 0) release_one(e);
+}
+
+void ZeroEngine::release_one(int unit) {
   Unit& u = units_[unit];
   if (cfg_.stage < 3 || u.len == 0) return;
   if (--u.refs > 0) return;
@@ -643,7 +717,7 @@ void ZeroEngine::gather_all(int root) {
       if (u.len == 0) continue;
       start_gather(static_cast<int>(i));
       u.gather.wait();
-      if (comm_.rank() == root)
+      if (comm(i).rank() == root)
         point(u, &nn::Parameter::value, u.value);
       else
         u.value = Tensor();
@@ -652,9 +726,10 @@ void ZeroEngine::gather_all(int root) {
   }
   if (cfg_.stage < 3) return;
   // Same acquire order on every rank, so the gathers (and their prefetches) pair up.
-  for (size_t u = 0; u < units_.size(); ++u) {
-    acquire(static_cast<int>(u));
-    if (comm_.rank() != root) release(static_cast<int>(u));
+  for (int u = 0; u < model_.num_units(); ++u) {
+    acquire(u);
+    for (const int i : {u, units_[u].expert_part})
+      if (i >= 0 && comm(i).rank() != root) release_one(i);
   }
 }
 
@@ -668,7 +743,7 @@ void ZeroEngine::release_all() {
   }
   if (cfg_.stage < 3) return;
   for (size_t u = 0; u < units_.size(); ++u)
-    if (units_[u].refs > 0) release(static_cast<int>(u));  // held on the root only
+    if (units_[u].refs > 0) release_one(static_cast<int>(u));  // held on the root only
   drop_prefetches();
 }
 

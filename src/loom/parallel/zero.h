@@ -14,6 +14,11 @@
 // c = ceil(L / N), and rank r owns elements [r c, (r + 1) c) of every unit. The rank's
 // shard is those pieces back to back (length S = sum of c). Frozen (PEFT base) parameters
 // are neither sharded nor communicated.
+// Expert parallelism: a unit's routed-expert parameters (nn::Parameter::expert, laid out
+// after every dense one) are a unit of their own, held only by the dp ranks with the same
+// expert slice; they are reduced, sharded and gathered over that expert-data-parallel
+// group (`edp`, dist::ProcessMesh::edp) instead of dp. Without expert parallelism edp is
+// dp and the expert units behave as the others.
 // Gradients arrive already scaled by 1 / (target tokens of the global batch), so summing
 // over ranks gives the global batch's gradient exactly as one process computes it.
 #pragma once
@@ -73,15 +78,23 @@ struct StateBytes {
 };
 
 // The partition of a model's trainable vector, from unit sizes alone (no model needed).
+// Each unit is split over its group: the dp ranks (N = world), or for an expert unit the
+// expert-data-parallel ranks (N = expert_world).
 struct ZeroPartition {
   std::vector<int64_t> unit_start, unit_len;  // flat range of each unit
   std::vector<int64_t> piece, shard_offset;   // per unit: c = ceil(L / N), its place in the shard
+  std::vector<bool> expert;                   // per unit: split over the expert group
   int64_t shard_len = 0;                      // S
   int world = 1, rank = 0;
+  int expert_world = 1, expert_rank = 0;
 
-  static ZeroPartition make(const std::vector<int64_t>& unit_lens, int world, int rank);
-  int64_t piece_begin(size_t u) const { return rank * piece[u]; }  // in unit coordinates
-  int64_t piece_end(size_t u) const;                               // clipped to the unit
+  static ZeroPartition make(const std::vector<int64_t>& unit_lens, int world, int rank,
+                            const std::vector<bool>& expert = {}, int expert_world = 0,
+                            int expert_rank = 0);
+  int world_of(size_t u) const { return expert[u] ? expert_world : world; }
+  int rank_of(size_t u) const { return expert[u] ? expert_rank : rank; }
+  int64_t piece_begin(size_t u) const { return rank_of(u) * piece[u]; }  // in unit coordinates
+  int64_t piece_end(size_t u) const;                                     // clipped to the unit
   // Model-state bytes per rank for `stage` with AdamW, `b` bytes per element of each kind:
   // frozen_bytes are the weights that are not trained (held whole on every rank; under
   // mixed precision a frozen matrix is held in its 16 bits alone).
@@ -91,9 +104,11 @@ struct ZeroPartition {
 class ZeroEngine : public models::UnitHooks {
  public:
   // tp: the model's tensor-parallel group (its ranks hold different shards; the gradient
-  // norm sums over it, counting each replicated parameter once).
+  // norm sums over it, counting each replicated parameter once). edp: the expert-data-
+  // parallel group inside dp (null: dp itself, no expert parallelism).
   ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const ZeroConfig& cfg,
-             const optim::AdamWConfig& adamw, const nn::TensorParallel& tp = {});
+             const optim::AdamWConfig& adamw, const nn::TensorParallel& tp = {},
+             dist::Communicator* edp = nullptr);
   ~ZeroEngine() override;
   // A pipeline stage's further activation context (parallel/pipeline_stage.h): a copy of the
   // model's modules over its parameters. It shares the views the engine sets (the stage's
@@ -122,7 +137,8 @@ class ZeroEngine : public models::UnitHooks {
 
   // Full parameter values on `root` for the caller's scope (saving a checkpoint); the other
   // ranks take part in each unit's all-gather and keep at most the next prefetched unit, so
-  // only the writing rank ever holds the whole model. A no-op below stage 3.
+  // only the writing rank ever holds the whole model. A no-op below stage 3. Expert units
+  // are gathered on their own group's `root` (each expert slice on one rank).
   void gather_all(int root);
   void release_all();
 
@@ -135,6 +151,9 @@ class ZeroEngine : public models::UnitHooks {
   };
   const std::vector<OwnedRun>& owned_runs() const { return owned_; }
   optim::AdamW& optimizer() { return *opt_; }
+  // Whether this rank writes r's optimizer state to a checkpoint: every owner of a ZeRO
+  // piece; at stage 0 the first rank of the group that reduces r's parameter.
+  bool writes(const OwnedRun& r) const;
   // Values of the owned elements (the master shard at stage 3 and under mixed precision at
   // stages 1-2, the store's elsewhere).
   float* owned_value(const OwnedRun& r);
@@ -150,6 +169,11 @@ class ZeroEngine : public models::UnitHooks {
   void grads_ready(int unit) override;
 
  private:
+  // The hooks' work on one engine unit (a model unit's dense part, or its expert part).
+  void acquire_one(int unit);
+  void release_one(int unit);
+  void grads_ready_one(int unit);
+  dist::Communicator& comm(size_t unit) const;  // the unit's group: dp or edp
   struct Unit;
   struct Pending;
   // Points the unit's parameters' value or grad views into buf (its unit layout), or
@@ -174,9 +198,12 @@ class ZeroEngine : public models::UnitHooks {
   models::CausalLM& model_;
   std::vector<models::CausalLM*> contexts_;  // add_context()
   dist::Communicator& comm_;
+  dist::Communicator* edp_;  // expert units' group (comm_ when null)
   ZeroConfig cfg_;
   nn::TensorParallel tp_;
   ZeroPartition part_;
+  // The model's units (their dense parts) first, in the model's numbering, then the expert
+  // parts of those that have them (Unit::expert_part).
   std::vector<Unit> units_;
   std::vector<std::vector<int>> buckets_;  // stage 0: units per all-reduce, in ready order
   std::vector<std::unique_ptr<Pending>> pending_;

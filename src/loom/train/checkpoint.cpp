@@ -50,8 +50,10 @@ void save_train_checkpoint(const fs::path& dir, const TrainerState& st,
     fs::create_directories(tmp / "optimizer");
   }
   world.barrier();
-  engine.gather_all(0);  // collective at stage 3: the stage's full model on dp rank 0 only
-  if (mesh.dp_rank() == 0) {
+  // Collective at stage 3: the stage's full model on dp rank 0 only (each expert slice on
+  // the first dp rank holding it: dp ranks [0, ep)).
+  engine.gather_all(0);
+  if (mesh.dp_rank() < mesh.ep_size()) {
     nn::FullTensors full(engine.model().params(), tp);  // ... and its shards on tp rank 0
     if (mesh.tp_rank() == 0) {
       try {
@@ -63,14 +65,16 @@ void save_train_checkpoint(const fs::path& dir, const TrainerState& st,
     }
   }
   engine.release_all();
-  // Each element once: replicated moments (stage 0) from dp rank 0, ZeRO pieces from their
-  // owners; of a slice held by several tp ranks, the primary copy's.
+  // Each element once: replicated moments (stage 0) from the first rank of the group that
+  // reduces them, ZeRO pieces from their owners; of a slice held by several tp ranks, the
+  // primary copy's.
   const optim::AdamW& opt = engine.optimizer();
   std::vector<io::StWriteTensor> tensors;
   std::map<std::string, std::string> meta;
-  if (engine.stage() > 0 || mesh.dp_rank() == 0) {
+  {
     for (const auto& r : engine.owned_runs()) {
-      if (!nn::primary_copy(*r.param, mesh.tp_rank()) || r.param->stage_copy) continue;
+      if (!engine.writes(r) || !nn::primary_copy(*r.param, mesh.tp_rank()) || r.param->stage_copy)
+        continue;
       nn::for_full_runs(*r.param, r.begin, r.end, [&](int64_t local, int64_t full, int64_t n) {
         const std::string range = std::to_string(full) + ":" + std::to_string(full + n);
         const int64_t at = r.state_offset + (local - r.begin);

@@ -49,7 +49,8 @@ struct TrainerState {
 };
 
 // write_stage(dir): writes this stage's part of the model into the existing folder `dir`
-// (each stage's dp 0, tp 0 rank calls it, with the stage's parameters as full tensors);
+// (each stage's dp 0, tp 0 rank calls it, with the stage's parameters as full tensors;
+// under expert parallelism dp ranks [0, ep) all do, each holding its expert slice);
 // finish_model(dir): world rank 0, once every stage's part is there.
 void save_train_checkpoint(const std::filesystem::path& dir, const TrainerState& st,
                            parallel::ZeroEngine& engine, dist::ProcessMesh& mesh,

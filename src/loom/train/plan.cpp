@@ -96,7 +96,10 @@ class ModelSource {
 struct StageShape {
   std::string layers;  // "0-5", interleaved "0-1, 8-9"
   int64_t n_layers = 0;
-  std::vector<int64_t> unit_lens;  // trainable elements per unit (what ZeRO partitions)
+  // Trainable elements per unit (what ZeRO partitions): the model's units, then their
+  // routed-expert parts (unit_expert), as parallel::ZeroEngine lays them out.
+  std::vector<int64_t> unit_lens;
+  std::vector<bool> unit_expert;
   int64_t frozen_bytes = 0, trainable = 0;
   bool first = false, last = false;  // holds the embedding / the head
   int boundaries = 0;                // chunk edges a micro-batch crosses to another rank
@@ -109,7 +112,7 @@ struct StageShape {
 };
 
 std::vector<StageShape> stage_shapes(const ModelSource& src, int tp, bool sp,
-                                     const parallel::PipelineConfig& pc) {
+                                     const parallel::PipelineConfig& pc, int ep = 1) {
   // The cut the trainer makes (Trainer::pipeline_stage_range): from the whole base model;
   // rank r holds chunks r, r + p, r + 2p, ...
   std::vector<int64_t> counts;
@@ -118,6 +121,7 @@ std::vector<StageShape> stage_shapes(const ModelSource& src, int tp, bool sp,
   for (int r = 0; r < pc.size; ++r) {
     StageShape& s = out[r];
     models::StageRange range;
+    range.ep_size = ep;  // expert-parallel rank 0's slice: every rank holds as many
     int64_t at = 0;
     const int k = static_cast<int>(counts.size());
     for (int c = 0; c < k; ++c) {
@@ -136,13 +140,18 @@ std::vector<StageShape> stage_shapes(const ModelSource& src, int tp, bool sp,
     if (range.chunks.empty()) s.n_layers = m.num_layers();
     s.first = m.first_stage();
     s.last = m.last_stage();
+    std::vector<int64_t> expert_lens;
     for (const auto& unit : s.model->units()) {
-      int64_t len = 0;
+      int64_t len[2] = {0, 0};
       for (const nn::Parameter* p : unit)
-        if (p->trainable) len += shape_numel(p->shape);
-      s.unit_lens.push_back(len);
-      s.trainable += len;
+        if (p->trainable) len[p->expert] += shape_numel(p->shape);
+      s.unit_lens.push_back(len[0]);
+      if (len[1] > 0) expert_lens.push_back(len[1]);
+      s.trainable += len[0] + len[1];
     }
+    s.unit_expert.assign(s.unit_lens.size(), false);
+    s.unit_lens.insert(s.unit_lens.end(), expert_lens.begin(), expert_lens.end());
+    s.unit_expert.resize(s.unit_lens.size(), true);
     // A tied head reads the token table on the stage that holds the head.
     const nn::Parameter* head = m.last_stage() ? m.tied_embedding() : nullptr;
     const int prefix_unit = m.num_layers() + 2;
@@ -207,7 +216,8 @@ LayoutPlan evaluate(const std::vector<StageShape>& shapes, const Layout& l, int 
     StagePlan st;
     st.layers = s.layers;
     st.n_layers = s.n_layers;
-    const parallel::ZeroPartition part = parallel::ZeroPartition::make(s.unit_lens, l.dp, 0);
+    const parallel::ZeroPartition part =
+        parallel::ZeroPartition::make(s.unit_lens, l.dp, 0, s.unit_expert, l.dp / l.ep, 0);
     st.state = part.memory(l.zero, s.frozen_bytes, l.bytes);
     st.paper_state = part.memory(l.zero, s.frozen_bytes, l.paper_bytes);
     st.activation_bytes = s.model->activation_bytes(l.micro, seq);
@@ -221,9 +231,9 @@ LayoutPlan evaluate(const std::vector<StageShape>& shapes, const Layout& l, int 
     if (l.dp > 1) {
       int64_t padded = 0, largest = 0;
       const int64_t f = l.bytes.comm;
-      for (int64_t c : part.piece) {
-        padded += f * c * l.dp;
-        largest = std::max(largest, f * c * l.dp);
+      for (size_t u = 0; u < part.piece.size(); ++u) {
+        padded += f * part.piece[u] * part.world_of(u);
+        largest = std::max(largest, f * part.piece[u] * part.world_of(u));
       }
       if (l.zero == 0) st.mpi_bytes = f * std::min(s.trainable, l.reduce_bucket);
       if (l.zero == 1 && l.pp > 1) st.mpi_bytes = padded;
@@ -296,6 +306,7 @@ Layout config_layout(const TrainConfig& cfg) {
   l.bytes = state_bytes(cfg);
   l.paper_bytes = paper_state_bytes(cfg);
   l.dp = cfg.data_parallel;
+  l.ep = cfg.expert_parallel;
   l.tp = cfg.tensor_parallel;
   l.pp = cfg.pipeline.size;
   l.zero = cfg.zero.stage;
@@ -371,14 +382,15 @@ std::string Layout::overrides() const {
 LayoutPlan plan_layout(const TrainConfig& cfg, int world) {
   const ModelSource src(cfg);
   const Layout l = config_layout(cfg);
-  return evaluate(stage_shapes(src, l.tp, l.sequence_parallel, cfg.pipeline), l, world,
+  return evaluate(stage_shapes(src, l.tp, l.sequence_parallel, cfg.pipeline, l.ep), l, world,
                   cfg.data.seq_len, src.hidden());
 }
 
 std::string plan_report(const TrainConfig& cfg, int world) {
   const ModelSource src(cfg);
   const Layout l = config_layout(cfg);
-  const std::vector<StageShape> shapes = stage_shapes(src, l.tp, l.sequence_parallel, cfg.pipeline);
+  const std::vector<StageShape> shapes =
+      stage_shapes(src, l.tp, l.sequence_parallel, cfg.pipeline, l.ep);
   const int64_t seq = cfg.data.seq_len;
   std::string out =
       fmt("loom plan: %s, %d ranks = %d data-parallel x %d tensor-parallel%s x %d pipeline stages, "
@@ -386,6 +398,11 @@ std::string plan_report(const TrainConfig& cfg, int world) {
           model_line(src, l.tp).c_str(), world, l.dp, l.tp,
           l.sequence_parallel ? " (sequence parallel)" : "", l.pp, static_cast<long long>(l.micro),
           static_cast<long long>(seq), static_cast<long long>(l.accum), precision_name(cfg));
+  if (l.ep > 1)
+    out +=
+        fmt("expert parallel %d: each rank holds 1/%d of the routed experts, sharded over "
+            "the %d data-parallel ranks that hold the same ones\n",
+            l.ep, l.ep, l.dp / l.ep);
   if (cfg.precision != TrainConfig::Precision::fp32)
     out +=
         fmt("model state per trained element as loom train holds it: 4 bytes of fp32 master "

@@ -29,6 +29,7 @@ namespace loom::train {
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1, zero = 0;
+  int ep = 1;  // expert_parallel.size (the config's; not searched)
   bool sequence_parallel = false;
   int64_t micro = 1, accum = 1;   // micro-batch per rank, micro-batches per step
   std::string schedule = "1f1b";  // with pp > 1

@@ -155,6 +155,9 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
   load.keep_f32_modules = cfg_.peft.modules_to_save;
   load.tp = tp_;
   if (cfg.pipeline.size > 1) load.stage = stage_range_ = pipeline_stage_range();
+  // Expert parallelism: this rank declares and loads only its slice of the routed experts.
+  load.stage.ep_size = cfg.expert_parallel;
+  load.stage.ep_rank = mesh->dp_rank() % cfg.expert_parallel;
   model_ = build_model(cfg.model, cfg.seed, "config", load);
   LOOM_CHECK(!cfg_.peft.enabled() || model_path(cfg.model) != "",
              "config: PEFT needs a pretrained base model (config key 'model' as a path)");
@@ -226,8 +229,6 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
     stage_ = std::make_unique<parallel::PipelineStage>(contexts, mesh_->pp(), cfg.pipeline.schedule,
                                                        cfg.pipeline.virtual_stages);
   }
-  engine_ = std::make_unique<parallel::ZeroEngine>(*model_, *dp_, cfg_.zero, cfg.adamw, tp_);
-  for (auto& c : contexts_) engine_->add_context(*c);  // now over the engine's layout
   if (cfg.expert_parallel > 1) {
     // Over every pipeline stage: a stage may hold only dense layers.
     double moe_layers = static_cast<double>(model_->moe_layers().size());
@@ -238,6 +239,9 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
     const nn::ExpertParallel ep{ep_};
     for_each_moe([&](nn::MoE& m) { m.set_expert_parallel(ep); });
   }
+  engine_ = std::make_unique<parallel::ZeroEngine>(*model_, *dp_, cfg_.zero, cfg.adamw, tp_,
+                                                   &mesh_->edp(cfg.expert_parallel));
+  for (auto& c : contexts_) engine_->add_context(*c);  // now over the engine's layout
   if (cfg.moe_bias_update_rate > 0.0) {
     bool bias = false;
     for (const models::MoeLayer& l : model_->moe_layers())
@@ -502,28 +506,33 @@ void Trainer::save_checkpoint(const fs::path& dir) {
   if (scaler_) st.loss_scaler = scaler_->state();
   const std::string source = model_path(cfg_.model);
   const fs::path tokenizer_from = source.empty() ? fs::path() : expand_user(source);
-  // The model: an HF folder or a PEFT adapter folder, each stage writing its tensors.
-  const int stages = cfg_.pipeline.size;
-  auto adapter_part = [&](const fs::path& d, int s) {
-    return stages == 1 ? d / "adapter_model.safetensors"
-                       : d / ("adapter_model.stage" + std::to_string(s) + ".safetensors");
+  // The model: an HF folder or a PEFT adapter folder, each stage writing its tensors (under
+  // expert parallelism each of the stage's expert slices too: its part k = stage * ep +
+  // ep rank; ep rank 0 also writes the dense tensors).
+  const int ep = cfg_.expert_parallel, parts = cfg_.pipeline.size * ep;
+  const int part = mesh_->pp_rank() * ep + mesh_->dp_rank() % ep;
+  auto adapter_part = [&](const fs::path& d, int k) {
+    return parts == 1 ? d / "adapter_model.safetensors"
+                      : d / ("adapter_model.part" + std::to_string(k) + ".safetensors");
   };
   auto write_stage = [&](const fs::path& d) {
+    const bool experts_only = part % ep != 0;
     if (cfg_.peft.enabled())
-      io::write_adapter_weights(*model_, adapter_part(d, mesh_->pp_rank()));
+      io::write_adapter_weights(*model_, adapter_part(d, part), experts_only);
     else
-      io::write_hf_weights(*model_, d / io::hf_weights_file(mesh_->pp_rank(), stages));
+      io::write_hf_weights(*model_, d / io::hf_weights_file(part, parts), io::StDType::F32,
+                           experts_only);
   };
   auto finish_model = [&](const fs::path& d) {
     if (cfg_.peft.enabled()) {
       io::write_adapter_config(*model_, cfg_.peft, d, fs::absolute(tokenizer_from).string(),
                                tokenizer_from);
-      std::vector<fs::path> parts;
-      for (int s = 0; s < stages; ++s) parts.push_back(adapter_part(d, s));
-      if (stages > 1) io::merge_adapter_weights(d, parts);
+      std::vector<fs::path> files;
+      for (int k = 0; k < parts; ++k) files.push_back(adapter_part(d, k));
+      if (parts > 1) io::merge_adapter_weights(d, files);
     } else {
       io::write_hf_config(*model_, d, tokenizer_from);
-      if (stages > 1) io::write_hf_index(d, stages);
+      if (parts > 1) io::write_hf_index(d, parts);
     }
   };
   save_train_checkpoint(dir, st, *engine_, *mesh_, tp_, write_stage, finish_model);

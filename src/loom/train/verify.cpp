@@ -30,12 +30,14 @@ void wait_sleeping(dist::Request& r) {
   while (!r.test()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
-// Every pipeline stage's tensors to stage 0, one stage at a time over the pp group (its
-// ranks all hold full tensors here). A tied embedding arrives twice: its copies must match.
-void gather_stages(dist::Communicator& pp, std::map<std::string, std::vector<float>>& params) {
-  for (int s = 0; s < pp.size(); ++s) {
+// Every rank's named tensors to rank 0 of `group`, one rank at a time (pipeline stages over
+// pp, expert slices over ep; each holds full tensors here). A tensor that arrives twice (a
+// tied embedding on the first and last stage) must arrive equal.
+void gather_named(dist::Communicator& group, const std::string& what,
+                  std::map<std::string, std::vector<float>>& params) {
+  for (int s = 0; s < group.size(); ++s) {
     std::vector<char> blob;
-    if (pp.rank() == s) {
+    if (group.rank() == s) {
       for (const auto& [name, v] : params) {
         const int64_t sizes[2] = {static_cast<int64_t>(name.size()),
                                   static_cast<int64_t>(v.size())};
@@ -47,10 +49,10 @@ void gather_stages(dist::Communicator& pp, std::map<std::string, std::vector<flo
       }
     }
     int64_t bytes = static_cast<int64_t>(blob.size());
-    pp.broadcast(&bytes, sizeof bytes, s);
+    group.broadcast(&bytes, sizeof bytes, s);
     blob.resize(bytes);
-    pp.broadcast(blob.data(), bytes, s);
-    if (pp.rank() != 0 || s == 0) continue;
+    group.broadcast(blob.data(), bytes, s);
+    if (group.rank() != 0 || s == 0) continue;
     for (size_t at = 0; at < blob.size();) {
       int64_t sizes[2];
       std::memcpy(sizes, blob.data() + at, sizeof sizes);
@@ -63,8 +65,8 @@ void gather_stages(dist::Communicator& pp, std::map<std::string, std::vector<flo
       auto [it, fresh] = params.emplace(name, std::move(v));
       LOOM_CHECK(fresh || std::memcmp(it->second.data(), blob.data() + at - sizes[1] * 4,
                                       sizes[1] * sizeof(float)) == 0,
-                 "verify: pipeline stage " + std::to_string(s) + "'s copy of the tied " + name +
-                     " differs from the first stage's");
+                 "verify: " + what + " " + std::to_string(s) + "'s copy of " + name +
+                     " differs from the first's");
     }
   }
 }
@@ -80,18 +82,23 @@ RunRecord record_run(Trainer& t, int64_t steps) {
     r.grad_norms.push_back(st.grad_norm);
   }
   r.eval_losses.push_back(t.evaluate());
-  // Full tensors on world rank 0: ZeRO-3 pieces gathered over dp, then shards over tp,
-  // then every pipeline stage's.
+  // Full tensors on world rank 0: ZeRO-3 pieces gathered over dp (each expert slice's on
+  // the first dp rank holding it, dp ranks [0, ep)), then shards over tp, then every expert
+  // slice's, then every pipeline stage's.
   t.engine().gather_all(0);
-  if (t.mesh().dp_rank() == 0) {
+  dist::ProcessMesh& mesh = t.mesh();
+  const int ep = mesh.ep_size();
+  if (mesh.dp_rank() < ep) {
     nn::FullTensors full(t.model().params(), t.tensor_parallel());
-    if (t.mesh().tp_rank() == 0) {
+    if (mesh.tp_rank() == 0) {
       // Trained parameters and buffers a training rule moves (the MoE correction bias).
       for (auto& p : t.model().params().all())
-        if (p->trainable || p->kind == nn::ParamKind::Buffer)
+        if ((p->trainable || p->kind == nn::ParamKind::Buffer) &&
+            (mesh.dp_rank() == 0 || p->expert))
           r.params[p->name].assign(p->value.f32(), p->value.f32() + p->value.numel());
-      gather_stages(t.mesh().pp(), r.params);
-      if (t.mesh().world().rank() != 0) r.params.clear();
+      if (ep > 1) gather_named(mesh.ep(ep), "expert-parallel rank", r.params);
+      if (mesh.dp_rank() == 0) gather_named(mesh.pp(), "pipeline stage", r.params);
+      if (mesh.world().rank() != 0) r.params.clear();
     }
   }
   t.engine().release_all();
