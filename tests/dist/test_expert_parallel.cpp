@@ -30,6 +30,17 @@ nlohmann::json deepseek_config() {
   return j;
 }
 
+// LoRA with dropout on every linear layer (lora_config()'s), the routed experts' included;
+// no bias update (the adapter folder does not save the bias).
+nlohmann::json deepseek_lora_config() {
+  nlohmann::json j = deepseek_config();
+  j.erase("moe");
+  const nlohmann::json lora = lora_config();
+  j["peft"] = lora["peft"];
+  j["optimizer"] = lora["optimizer"];
+  return j;
+}
+
 TEST(ExpertParallel, EveryLayoutEqualsOneProcess) {
   const nlohmann::json j = deepseek_config();
   const Trained ref = reference(j);
@@ -93,14 +104,7 @@ TEST(ExpertParallel, WithPipelineStagesEqualsOneProcess) {
 // keyed by the token's row in the global batch (not its place in an expert's rows), so
 // data parallel (ZeRO-2) and ep2 drop what one process drops.
 TEST(ExpertParallel, LoraWithDropoutOnExpertsEqualsOneProcess) {
-  nlohmann::json j = deepseek_config();
-  j.erase("moe");
-  j["peft"] = {{"method", "lora"},
-               {"r", 4},
-               {"lora_alpha", 8},
-               {"lora_dropout", 0.1},
-               {"target_modules", "all-linear"}};
-  j["optimizer"]["params"]["lr"] = 1e-2;
+  const nlohmann::json j = deepseek_lora_config();
   const Trained ref = reference(j);
   for (int ep : {1, 2}) {
     nlohmann::json je = j;
@@ -158,13 +162,7 @@ TEST(ExpertParallel, RanksHoldOnlyTheirExperts) {
 // ZeRO stage; a LoRA run's adapter folder (expert adapters from every slice, merged) too.
 TEST(ExpertParallel, CheckpointResumesOnOneProcess) {
   for (const bool lora : {false, true}) {
-    nlohmann::json j = deepseek_config();
-    if (lora) {
-      j.erase("moe");
-      j["peft"] = {
-          {"method", "lora"}, {"r", 4}, {"lora_alpha", 8}, {"target_modules", "all-linear"}};
-      j["optimizer"]["params"]["lr"] = 1e-2;
-    }
+    const nlohmann::json j = lora ? deepseek_lora_config() : deepseek_config();
     const std::string what = lora ? "LoRA " : "";
     const Trained ref = reference(j);
     const fs::path ck = job_dir() / (lora ? "ep-lora-ck" : "ep-ck");

@@ -56,7 +56,7 @@ void MoE::release_activations() {
   for (auto& e : experts_) e->release_activations();
   router_.release_activations();
   if (shared_) shared_->release_activations();
-  xs_ = xr_ = ys_ = y_ = Tensor();
+  xs_ = xr_ = ys_ = y_ = wire_ = out_ = Tensor();
 }
 
 namespace {
@@ -70,6 +70,13 @@ void take_rows(float* dst, const float* src, const std::vector<int64_t>& from, i
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * C, src + from[i] * C, C * sizeof(float));
 }
+// A [rows, C] view of buf, which grows (and never shrinks) as the row counts vary from
+// call to call; the contents are whatever the last user left.
+Tensor rows_view(Tensor& buf, int64_t rows, int64_t C) {
+  if (!buf.defined() || buf.numel() < rows * C)
+    buf = Tensor::zeros({std::max<int64_t>(rows * C, 1)});
+  return buf.slice0(0, rows * C).reshape({rows, C});
+}
 }  // namespace
 
 const Tensor& MoE::to_experts(const Tensor& sorted, Tensor& into) {
@@ -80,7 +87,7 @@ const Tensor& MoE::to_experts(const Tensor& sorted, Tensor& into) {
     sc[r] = send_rows_[r] * C;
     rc[r] = recv_rows_[r] * C;
   }
-  Tensor received = Tensor::zeros({R, C});
+  const Tensor received = rows_view(wire_, R, C);
   ep_.comm->all_to_all(sorted.f32(), sc.data(), received.f32(), rc.data());
   ensure(into, {R, C});
   copy_rows(into.f32(), received.f32(), perm_, C);
@@ -89,12 +96,8 @@ const Tensor& MoE::to_experts(const Tensor& sorted, Tensor& into) {
 
 void MoE::from_experts(const Tensor& rows, const Tensor& into) {
   const int64_t C = rows.dim(1);
-  if (!ep_.active()) {
-    into.copy_from(rows);
-    return;
-  }
   const int64_t P = ep_.size(), R = static_cast<int64_t>(perm_.size());
-  Tensor back = Tensor::zeros({R, C});  // received order
+  const Tensor back = rows_view(wire_, R, C);  // received order
   take_rows(back.f32(), rows.f32(), perm_, C);
   std::vector<int64_t> sc(P), rc(P);
   for (int64_t r = 0; r < P; ++r) {
@@ -182,15 +185,16 @@ const Tensor& MoE::forward(const Tensor& x) {
   }
   const Tensor& rows = to_experts(xs_, xr_);
   key_expert_dropout(N);
-  // Each of this rank's experts on its rows; outputs gathered in the same order.
-  Tensor out = Tensor::zeros({eoff_[L], C});
+  // Each of this rank's experts on its rows; outputs gathered in the same order: straight
+  // into ys_ on one rank (the expert order is the sorted order), else returned from it.
+  ensure(ys_, {N * K, C});
+  const Tensor out = ep_.active() ? rows_view(out_, eoff_[L], C) : ys_;
   for (int64_t j = 0; j < L; ++j)
     if (eoff_[j + 1] > eoff_[j]) {
       const Tensor& o = experts_[j]->forward(rows.slice0(eoff_[j], eoff_[j + 1]));
       std::memcpy(out.f32() + eoff_[j] * C, o.f32(), o.numel() * sizeof(float));
     }
-  ensure(ys_, {N * K, C});
-  from_experts(out, ys_);
+  if (ep_.active()) from_experts(out, ys_);
 
   ensure(y_, x.shape());
   if (shared_) {
@@ -233,13 +237,15 @@ void MoE::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch) {
   }
   Tensor dye_buf;
   const Tensor& dye = to_experts(dys, dye_buf);
-  Tensor dxe = scratch.zeros("moe.dxe", {eoff_[L], C});
+  // The experts' input gradients: straight into the sorted rows on one rank, else
+  // returned to them by the reverse exchange.
+  Tensor dxs = scratch.zeros("moe.dxs", {N * K, C});
+  Tensor dxe = ep_.active() ? scratch.zeros("moe.dxe", {eoff_[L], C}) : dxs;
   for (int64_t j = 0; j < L; ++j)
     if (eoff_[j + 1] > eoff_[j])
       experts_[j]->backward(dye.slice0(eoff_[j], eoff_[j + 1]), dxe.slice0(eoff_[j], eoff_[j + 1]),
                             scratch);
-  Tensor dxs = scratch.zeros("moe.dxs", {N * K, C});
-  from_experts(dxe, dxs);
+  if (ep_.active()) from_experts(dxe, dxs);
   float* dxp = dx.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t)

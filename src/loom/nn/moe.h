@@ -70,7 +70,8 @@ class MoE {
   // Rows in the sorted order [N*K, W] -> this rank's experts' rows in expert order [R, W]
   // (exchanged under EP; the same tensor on one rank). `into` holds the result.
   const Tensor& to_experts(const Tensor& sorted, Tensor& into);
-  // The reverse: expert-order rows [R, W] -> the sorted order [N*K, W] in `into`.
+  // Under EP, the reverse: expert-order rows [R, W] -> the sorted order [N*K, W] in `into`
+  // (on one rank the experts write the sorted rows directly).
   void from_experts(const Tensor& rows, const Tensor& into);
   // LoRA dropout on the experts: each expert row's mask is keyed by its token's row in the
   // global batch (rows_, exchanged with the tokens under EP), not by its place among the
@@ -94,6 +95,8 @@ class MoE {
   Tensor xr_;  // [R, C] under EP: the rows this rank's experts run on
   Tensor ys_;  // [N*K, C] the experts' outputs, sorted as xs_
   Tensor y_;   // [B, T, C]
+  // Under EP, grown as needed: the exchanges' staging rows and the experts' outputs.
+  Tensor wire_, out_;
 };
 
 }  // namespace loom::nn

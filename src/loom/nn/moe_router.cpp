@@ -85,7 +85,11 @@ void Router::choose(int64_t n) {
   const float* s = scores_.f32() + n * E;
   const float* bias = bias_ ? bias_->value.f32() : nullptr;
   constexpr float kOut = -std::numeric_limits<float>::infinity();
-  std::vector<float> c(s, s + E);
+  // Per-thread scratch (choose runs once per token, inside forward's parallel loop).
+  thread_local std::vector<float> c, gs;
+  thread_local std::vector<int64_t> order, gorder;
+  thread_local std::vector<char> keep;
+  c.assign(s, s + E);
   if (bias)
     for (int64_t e = 0; e < E; ++e) c[e] += bias[e];
   // Larger first; equal values by lower index (a fixed rule, whatever the layout).
@@ -93,7 +97,7 @@ void Router::choose(int64_t n) {
     return [&v](int64_t a, int64_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
   };
   if (G > 1) {
-    std::vector<float> gs(G);
+    gs.resize(static_cast<size_t>(G));
     for (int64_t g = 0; g < G; ++g) {
       const float* cg = c.data() + g * per;
       if (s_.sigmoid) {  // V3: the sum of the group's two best choice scores
@@ -111,15 +115,15 @@ void Router::choose(int64_t n) {
         gs[g] = *std::max_element(cg, cg + per);
       }
     }
-    std::vector<int64_t> order(G);
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + s_.topk_group, order.end(), before(gs));
-    std::vector<char> keep(G, 0);
-    for (int64_t i = 0; i < s_.topk_group; ++i) keep[order[i]] = 1;
+    gorder.resize(static_cast<size_t>(G));
+    std::iota(gorder.begin(), gorder.end(), 0);
+    std::partial_sort(gorder.begin(), gorder.begin() + s_.topk_group, gorder.end(), before(gs));
+    keep.assign(static_cast<size_t>(G), 0);
+    for (int64_t i = 0; i < s_.topk_group; ++i) keep[gorder[i]] = 1;
     for (int64_t e = 0; e < E; ++e)
       if (!keep[e / per]) c[e] = kOut;
   }
-  std::vector<int64_t> order(E);
+  order.resize(static_cast<size_t>(E));
   std::iota(order.begin(), order.end(), 0);
   std::partial_sort(order.begin(), order.begin() + K, order.end(), before(c));
   int32_t* idx = idx_.data() + n * K;
@@ -143,7 +147,8 @@ void Router::backward(const Tensor& dweights, const Tensor& dx) {
     const float* dw = dweights.f32() + n * K;
     const int32_t* idx = idx_.data() + n * K;
     // w_k = c u_k / Z (Z = sum_j u_j + 1e-20) with norm_topk_prob, else c u_k; u_k = s[idx_k].
-    std::vector<float> d(static_cast<size_t>(K));  // d loss / d u_k (the chosen scores)
+    thread_local std::vector<float> d, ds;  // per-thread scratch
+    d.resize(static_cast<size_t>(K));       // d loss / d u_k (the chosen scores)
     if (s_.norm_topk_prob) {
       float z = 1e-20f, dot = 0.0f;
       for (int64_t k = 0; k < K; ++k) {
@@ -159,7 +164,7 @@ void Router::backward(const Tensor& dweights, const Tensor& dx) {
       for (int64_t k = 0; k < K; ++k) g[idx[k]] = d[k] * sn[idx[k]] * (1.0f - sn[idx[k]]);
     } else {  // softmax: dl_e = s_e (ds_e - sum_j ds_j s_j)
       // ds: the chosen weights' part, plus the balance loss's alpha/B * ce[b, e] / T.
-      std::vector<float> ds(static_cast<size_t>(E), 0.0f);
+      ds.assign(static_cast<size_t>(E), 0.0f);
       if (aux_weight_ > 0.0) {
         const float a = static_cast<float>(aux_weight_ * aux_grad_scale_ / seq_);
         const float* ce = ce_.f32() + (n / seq_) * E;

@@ -191,12 +191,14 @@ VerifyReport verify(const TrainConfig& cfg, dist::ProcessMesh& mesh, int64_t ste
   if (comm.rank() != 0) return {};
 
   const VerifyReport rep = compare_runs(job, one, rtol);
+  const std::string ep =
+      cfg.expert_parallel > 1 ? " (experts over " + std::to_string(cfg.expert_parallel) + ")" : "";
   std::printf(
-      "loom verify: %d ranks (data parallel %d x tensor parallel %d%s x pipeline parallel %d%s) "
-      "at ZeRO stage %d vs "
+      "loom verify: %d ranks (data parallel %d%s x tensor parallel %d%s x pipeline parallel "
+      "%d%s) at ZeRO stage %d vs "
       "one process, %lld steps, global batch %lld (%lld per micro-batch, accumulation %lld on "
       "the job, %lld on one process)\n",
-      world, cfg.data_parallel, cfg.tensor_parallel,
+      world, cfg.data_parallel, ep.c_str(), cfg.tensor_parallel,
       cfg.sequence_parallel ? ", sequence parallel" : "", cfg.pipeline.size,
       cfg.pipeline.size > 1 ? (" " + cfg.pipeline.schedule).c_str() : "", cfg.zero.stage,
       static_cast<long long>(steps), static_cast<long long>(cfg.train_batch),
