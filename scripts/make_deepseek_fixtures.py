@@ -18,16 +18,20 @@ into ffn_{gate,up,down}_exps, kv_b_proj split into attn_k_b (each head's key row
 transposed) and attn_v_b, attention.head_count_kv 1 with the MLA sizes in key_length_mla /
 value_length_mla, the MoE keys (expert_count, expert_used_count, expert_shared_count,
 leading_dense_block_count, expert_weights_scale, expert_gating_func 1 = softmax,
-expert_group_count / expert_group_used_count).
+expert_group_count / expert_group_used_count). And deepseek_v2_tiny_q8.gguf, the same with
+the stacked experts as a quantized file has them: gate/up in Q8_0 blocks, down (16 columns,
+less than one 32-wide block) in F16 (what keep_quantized holds in blocks per expert).
 
 The routing decisions must not sit on a near-tie, or fp32 differences between two correct
 implementations would flip them: the script reports the smallest margin of every choice
 (the k-th vs the next expert, the kept vs the next group) and moves to the next seed when one is under 1e-4.
 
 Run from the repository root:  ~/.cache/loom/ref-venv/bin/python scripts/make_deepseek_fixtures.py
+(--gguf-only: just the GGUF files, from the committed safetensors fixture).
 """
 
 import os
+import sys
 
 import torch
 import transformers
@@ -147,11 +151,20 @@ def make(name, cfg, seed):
     return True
 
 
-def write_gguf(name, out_file):
+def write_gguf(name, out_file, quantized_experts=False):
     """The fixture `name` as a deepseek2 GGUF (see the docstring)."""
     import gguf
     import numpy as np
     from safetensors.numpy import load_file
+
+    def add_experts(g, key, stacked):
+        if not quantized_experts:
+            g.add_tensor(key, stacked)
+        elif stacked.shape[-1] % 32 == 0:
+            q = gguf.quants.quantize(stacked, gguf.GGMLQuantizationType.Q8_0)
+            g.add_tensor(key, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            g.add_tensor(key, stacked.astype(np.float16))
 
     src = os.path.join(ROOT, name)
     cfg = CONFIGS[name]
@@ -200,8 +213,8 @@ def write_gguf(name, out_file):
             continue
         g.add_tensor(b + "ffn_gate_inp.weight", w[hf + "mlp.gate.weight"])
         for p, q in [("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")]:
-            g.add_tensor(b + f"ffn_{p}_exps.weight",
-                         np.stack([w[hf + f"mlp.experts.{e}.{q}.weight"] for e in range(E)]))
+            add_experts(g, b + f"ffn_{p}_exps.weight",
+                        np.stack([w[hf + f"mlp.experts.{e}.{q}.weight"] for e in range(E)]))
             g.add_tensor(b + f"ffn_{p}_shexp.weight", w[hf + f"mlp.shared_experts.{q}.weight"])
     g.write_header_to_file()
     g.write_kv_data_to_file()
@@ -211,10 +224,12 @@ def write_gguf(name, out_file):
 
 
 def main():
-    for i, (name, cfg) in enumerate(CONFIGS.items()):
-        if not any(make(name, cfg, seed=30 + i + 100 * attempt) for attempt in range(10)):
-            raise SystemExit(f"{name}: no seed without a near-tie")
+    if "--gguf-only" not in sys.argv[1:]:
+        for i, (name, cfg) in enumerate(CONFIGS.items()):
+            if not any(make(name, cfg, seed=30 + i + 100 * attempt) for attempt in range(10)):
+                raise SystemExit(f"{name}: no seed without a near-tie")
     write_gguf("deepseek_v2_tiny", os.path.join(ROOT, "gguf", "deepseek_v2_tiny.gguf"))
+    write_gguf("deepseek_v2_tiny", os.path.join(ROOT, "gguf", "deepseek_v2_tiny_q8.gguf"), True)
 
 
 if __name__ == "__main__":

@@ -114,6 +114,50 @@ TEST(Deepseek, Deepseek2GgufLoadsAsTheSameModel) {
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], lb.f32()[i]) << i;
 }
 
+// The same tiny V2 with its stacked experts quantized (gate/up Q8_0, down F16): with
+// keep_quantized every expert is its own block matrix (the rows of its slice of the stacked
+// tensor, bytes as stored), the logits equal the dequantized load's, and an expert-parallel
+// rank reads only its slice's rows.
+TEST(Deepseek, Deepseek2GgufKeepsStackedExpertsQuantized) {
+  const fs::path gguf = test::fixture_dir() / "gguf" / "deepseek_v2_tiny_q8.gguf";
+  auto f32 = io::load_model(gguf);
+  io::LoadOptions opt;
+  opt.keep_quantized = true;
+  auto q = io::load_model(gguf, opt);
+  for (const auto& [proj, type] :
+       {std::pair{"gate_proj", GgmlType::Q8_0}, std::pair{"up_proj", GgmlType::Q8_0},
+        std::pair{"down_proj", GgmlType::F16}}) {
+    const std::string name = std::string("model.layers.2.mlp.experts.5.") + proj + ".weight";
+    const nn::Parameter* p = q->params().find(name);
+    ASSERT_NE(p, nullptr) << name;
+    ASSERT_TRUE(p->quantized()) << name;
+    EXPECT_EQ(p->quant->type, type) << name;
+    EXPECT_EQ(p->quant->rows, p->full_shape[0]);
+    EXPECT_FALSE(p->trainable);
+    // Its values are the f32 load's (dequantized from the same blocks).
+    std::vector<float> rows(static_cast<size_t>(p->quant->numel()));
+    p->quant->dequantize_rows(0, p->quant->rows, rows.data());
+    const nn::Parameter* w = f32->params().find(name);
+    for (size_t i = 0; i < rows.size(); ++i) ASSERT_EQ(rows[i], w->value.f32()[i]) << name << i;
+  }
+  Tensor ids = Tensor::zeros({2, 9}, DType::I32);
+  for (int64_t i = 0; i < 18; ++i) ids.i32()[i] = static_cast<int32_t>(i * 13 % 256);
+  const Tensor& la = f32->forward(ids);
+  std::vector<float> want(la.f32(), la.f32() + la.numel());
+  const Tensor& lb = q->forward(ids);
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(lb.f32()[i], want[i], 1e-4f * (1.0f + std::fabs(want[i]))) << i;
+  // Expert-parallel rank 1 of 2: experts 4-7 only, the same blocks.
+  opt.stage.ep_size = 2;
+  opt.stage.ep_rank = 1;
+  auto half = io::load_model(gguf, opt);
+  EXPECT_EQ(half->params().find("model.layers.2.mlp.experts.3.up_proj.weight"), nullptr);
+  const nn::Parameter* a = half->params().find("model.layers.2.mlp.experts.5.up_proj.weight");
+  const nn::Parameter* b = q->params().find("model.layers.2.mlp.experts.5.up_proj.weight");
+  ASSERT_TRUE(a && a->quantized());
+  EXPECT_EQ(a->quant->bytes, b->quant->bytes);
+}
+
 nlohmann::json train_config(const fs::path& tmp, const nlohmann::json& peft) {
   std::ofstream(tmp / "data.txt") << [] {
     std::string s;

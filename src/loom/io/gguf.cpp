@@ -775,6 +775,21 @@ void read_hf_tensor(const GgufFile& f, const GgufTensorInfo& t, float* dst) {
   unpermute_qk(dst, rows, cols, heads);
 }
 
+QuantMatrix read_quant_rows(const GgufFile& f, const GgufTensorInfo& t, int64_t r0, int64_t r1) {
+  const std::string where = f.path().string() + ": tensor '" + t.name + "'";
+  LOOM_CHECK(ggml_can_dequantize(t.type),
+             where + " has ggml type " + ggml_type_name(t.type) + ", which cannot be dequantized");
+  LOOM_CHECK(r0 >= 0 && r0 <= r1 && r1 <= t.n_rows(),
+             where + ": rows [" + std::to_string(r0) + ", " + std::to_string(r1) +
+                 ") outside its " + std::to_string(t.n_rows()));
+  QuantMatrix q = QuantMatrix::empty(t.type, r1 - r0, t.ne[0]);
+  const uint64_t rb = q.row_bytes();
+  LOOM_CHECK(rb == t.row_bytes() && rb * static_cast<uint64_t>(t.n_rows()) == t.nbytes,
+             where + ": byte size does not match its dims");
+  std::memcpy(q.bytes.data(), t.data + r0 * rb, (r1 - r0) * rb);
+  return q;
+}
+
 QuantMatrix read_hf_quant(const GgufFile& f, const GgufTensorInfo& t) {
   const std::string where = f.path().string() + ": tensor '" + t.name + "'";
   LOOM_CHECK(t.ne.size() == 2,

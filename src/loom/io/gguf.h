@@ -206,6 +206,9 @@ void read_hf_tensor(const GgufFile& f, const GgufTensorInfo& t, float* dst);
 // (the q/k permutation undone by moving whole rows). Throws naming the tensor for other
 // ranks or for types that cannot be dequantized.
 QuantMatrix read_hf_quant(const GgufFile& f, const GgufTensorInfo& t);
+// Rows [r0, r1) of t seen as a matrix [numel / ne[0], ne[0]] (one expert of a stacked
+// [E, out, in] tensor), kept in its ggml blocks as stored.
+QuantMatrix read_quant_rows(const GgufFile& f, const GgufTensorInfo& t, int64_t r0, int64_t r1);
 
 // A transformers-style config.json for a llama or qwen2 GGUF: model_type, architectures,
 // hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <vector>
 
+#include "loom/io/gguf.h"
 #include "loom/io/hf_tokenizer_writer.h"
 #include "loom/io/safetensors.h"
 #include "loom/io/tokenizer_loader.h"
@@ -136,6 +137,9 @@ void write_json_file(const fs::path& path, const nlohmann::ordered_json& j) { wr
 void write_tokenizer_files(const fs::path& dir, const fs::path& tokenizer_from) {
   if (tokenizer_from.empty()) return;
   if (const fs::path gguf = gguf_tokenizer_source(tokenizer_from); !gguf.empty()) {
+    // A GGUF without a vocabulary (a run with data.tokenizer "bytes") has none to write, as
+    // a folder without tokenizer.json.
+    if (GgufFile::open(gguf).get_string_or("tokenizer.ggml.model", "").empty()) return;
     const GgufTokenizer t = read_gguf_tokenizer(gguf);
     write_hf_tokenizer(dir, t.spec, t.chat_template);
     return;

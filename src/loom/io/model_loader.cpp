@@ -76,13 +76,28 @@ std::unique_ptr<models::CausalLM> load_gguf_model(const fs::path& file, const Lo
     filled.insert(hf);
   };
   for (const GgufTensorInfo& t : f.tensors()) {
-    // deepseek2: stacked routed experts (kept f32 even with keep_quantized), split kv_b.
+    // deepseek2: stacked routed experts [E, out, in], each expert's rows [e out, (e+1) out)
+    // one HF matrix; only the experts this rank holds (expert parallelism) are read, kept in
+    // their ggml blocks with keep_quantized.
     if (const std::vector<std::string> slices = gguf_stacked_hf_names(t); !slices.empty()) {
-      std::vector<float> all(static_cast<size_t>(t.numel()));
-      dequantize_rows(t, 0, t.n_rows(), all.data());
-      const int64_t per = t.ne[0] * t.ne[1];
-      for (size_t e = 0; e < slices.size(); ++e)
-        fill(slices[e], t.name, all.data() + e * per, {t.ne[1], t.ne[0]});
+      const int64_t rows = t.ne[1];
+      std::vector<float> one(static_cast<size_t>(rows * t.ne[0]));
+      for (size_t e = 0; e < slices.size(); ++e) {
+        nn::Parameter* p = model->params().find(slices[e]);
+        const int64_t r0 = static_cast<int64_t>(e) * rows;
+        if (p && opt.keep_quantized && t.type != GgmlType::F32 && !keep_f32(slices[e])) {
+          LOOM_CHECK(p->full_shape == (Shape{rows, t.ne[0]}) && !p->shard.sharded(),
+                     file.string() + ": tensor '" + t.name + "' gives " + slices[e] + " shape " +
+                         shape_str({rows, t.ne[0]}) + " vs expected " + shape_str(p->full_shape));
+          p->quant = std::make_shared<const QuantMatrix>(read_quant_rows(f, t, r0, r0 + rows));
+          p->trainable = false;
+          ++n_quantized;
+          filled.insert(slices[e]);
+          continue;
+        }
+        if (p) dequantize_rows(t, r0, r0 + rows, one.data());
+        fill(slices[e], t.name, one.data(), {rows, t.ne[0]});
+      }
       continue;
     }
     if (std::vector<float> kv; t.name.ends_with(".attn_k_b.weight")) {
