@@ -64,11 +64,7 @@ TEST(PeftReference, LoraOnGpt2WithModulesToSaveLoadsInPeft) {
                                 {"bias", "all"}});
 }
 
-// MLA's projections load in PEFT. The routed experts do not load one-to-one: transformers 5
-// holds them as fused [E, 2I, C] / [E, C, I] parameters, and PEFT 0.21's conversion of
-// per-expert LoRA pairs into them gave logits 1e-2 away from Loom's for down_proj alone
-// (2e-1 with gate/up) while the same pairs merged into those tensors by hand agree: the
-// experts' LoRA is checked that way (--merge), on every linear layer of the model.
+// MLA's projections load in PEFT.
 TEST(PeftReference, LoraOnDeepseekV3LoadsInPeft) {
   train_and_check(
       "deepseek_v3_tiny",
@@ -78,7 +74,27 @@ TEST(PeftReference, LoraOnDeepseekV3LoadsInPeft) {
        {"target_modules", {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}}});
 }
 
-TEST(PeftReference, LoraOnDeepseekV3ExpertsEqualsMergedWeights) {
+// The routed experts' LoRA loads in PEFT too: transformers 5 holds the experts fused
+// ([E, 2I, C] gate_up_proj, [E, C, I] down_proj) and PEFT 0.21 converts the per-expert pairs
+// into them (gate/up block-diagonal at rank 2r). PEFT maps the leaf names gate_proj /
+// up_proj / down_proj to those fused parameters for the whole model, so it drops the LoRA of
+// DeepSeek's dense-layer MLP and shared experts, which carry the same leaf names (checked by
+// hand: PeftModel's logits then equal the base with only the expert pairs merged). A regex
+// that names the experts (its optional index is what lets PEFT find the fused parameter)
+// targets exactly what PEFT can load.
+TEST(PeftReference, LoraOnDeepseekV3ExpertsLoadsInPeft) {
+  train_and_check(
+      "deepseek_v3_tiny",
+      {{"method", "lora"},
+       {"r", 4},
+       {"lora_alpha", 8},
+       {"target_modules",
+        R"(.*\.(self_attn\.(q_a_proj|kv_b_proj|o_proj)|mlp\.experts(\.\d+)?\.(gate_proj|up_proj|down_proj)))"}});
+}
+
+// Every linear layer (dense and shared MLPs too), against the pairs merged into
+// transformers' tensors by hand (--merge), since PeftModel drops the dense MLPs' (above).
+TEST(PeftReference, LoraOnDeepseekV3EveryLinearEqualsMergedWeights) {
   train_and_check(
       "deepseek_v3_tiny",
       {{"method", "lora"}, {"r", 4}, {"lora_alpha", 8}, {"target_modules", "all-linear"}},
