@@ -4,12 +4,12 @@
 // and the auxiliary-loss-free bias update on: every loss and gradient norm, the eval loss
 // before and after, and every final parameter and correction bias within 1e-5 relative of
 // one process. Layouts: ep2 at ZeRO 0, 2 and 3 (2 ranks); ep4 at ZeRO 0 and 3, ep2 x dp2
-// at ZeRO 0 and 1, and pp2 x ep2 (4 ranks); DeepSeek-V2 with its balance loss on at ep2; LoRA
-// with dropout on the experts at dp2 and ep2 (ZeRO-2). Each rank holds only its experts;
-// a checkpoint saved at ep2 (full and LoRA) resumes on one process and at another layout.
-// The token
-// exchange's size is checked against its definition: the rows this rank routes to experts
-// it does not hold, times the hidden size.
+// at ZeRO 0 and 1, and pp2 x ep2 (4 ranks); DeepSeek-V2 with its balance loss on at ep2;
+// Qwen2-MoE at ep2 / ep4 (ZeRO-1); LoRA with dropout on the experts at dp2 and ep2
+// (ZeRO-2). Each rank holds only its experts; a checkpoint saved at ep2 (full and LoRA)
+// resumes on one process and at another layout. The token exchange's size is checked
+// against its definition: the rows this rank routes to experts it does not hold, times the
+// hidden size.
 #include <gtest/gtest.h>
 
 #include "common/equivalence.h"
@@ -85,6 +85,19 @@ TEST(ExpertParallel, V2WithBalanceLossEqualsOneProcess) {
   je["zero_optimization"] = {{"stage", n == 4 ? 1 : 0}};
   const Trained got = train_on(je, *g_world, 20);
   expect_same(ref, got, 0, "V2 with balance loss, ep2 x dp" + std::to_string(n / 2));
+}
+
+// Qwen2-MoE (softmax top-2, a sigmoid-gated shared expert, a dense layer) under expert
+// parallelism: the same exchange and engine, another model family.
+TEST(ExpertParallel, Qwen2MoeEqualsOneProcess) {
+  nlohmann::json j = base_config("llama");
+  j["model"] = (fixture_dir() / "qwen2_moe_tiny").string();
+  const Trained ref = reference(j);
+  const int n = g_world->size();
+  nlohmann::json je = j;
+  je["expert_parallel"] = {{"size", n}};
+  je["zero_optimization"] = {{"stage", 1}};
+  expect_same(ref, train_on(je, *g_world, 20), 0, "Qwen2-MoE ep" + std::to_string(n));
 }
 
 // Expert parallelism inside each pipeline stage: pp2 x ep2 on 4 ranks (1F1B; the stages'

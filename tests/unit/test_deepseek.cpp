@@ -53,6 +53,42 @@ TEST(Deepseek, ConfigRefusesWhatLoomDoesNotImplementByKey) {
   EXPECT_NO_THROW(models::make_model(v3, "config.json"));
 }
 
+// Qwen2-MoE's keys: the MoE layers follow decoder_sparse_step and mlp_only_layers, the
+// shared expert and its gate are there, and what is not implemented is refused by key.
+TEST(Qwen2Moe, LayersFollowTheConfigAndRefusalsNameTheKey) {
+  const nlohmann::json q = fixture_config("qwen2_moe_tiny");
+  auto m = models::make_model(q, "config.json");
+  std::vector<int64_t> layers;
+  for (const models::MoeLayer& l : m->moe_layers()) layers.push_back(l.layer);
+  EXPECT_EQ(layers, (std::vector<int64_t>{0, 2}));  // mlp_only_layers [1]
+  EXPECT_NE(m->params().find("model.layers.0.mlp.shared_expert_gate.weight"), nullptr);
+  EXPECT_NE(m->params().find("model.layers.1.mlp.down_proj.weight"), nullptr);
+  nlohmann::json step2 = q;
+  step2["decoder_sparse_step"] = 2;
+  step2["mlp_only_layers"] = nlohmann::json::array();
+  layers.clear();
+  for (const models::MoeLayer& l : models::make_model(step2, "c")->moe_layers())
+    layers.push_back(l.layer);
+  EXPECT_EQ(layers, (std::vector<int64_t>{1}));
+  EXPECT_NE(refusal(q, {{"output_router_logits", true}}).find("'output_router_logits'"),
+            std::string::npos);
+  EXPECT_NE(refusal(q, {{"num_experts_per_tok", 9}}).find("'num_experts_per_tok'"),
+            std::string::npos);
+  EXPECT_NE(refusal(q, {{"use_sliding_window", true}}).find("use_sliding_window"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] {
+              models::make_model(q, "c", nn::TensorParallel{nullptr, false, 2, 0});
+            }).find("tensor_parallel.size must be 1"),
+            std::string::npos);
+  // Saved and read back: the same config.
+  const nlohmann::json back = m->hf_config();
+  for (const char* k : {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                        "shared_expert_intermediate_size", "norm_topk_prob", "mlp_only_layers",
+                        "qkv_bias", "decoder_sparse_step"})
+    EXPECT_EQ(back[k], q[k]) << k;
+  EXPECT_EQ(back["architectures"][0], "Qwen2MoeForCausalLM");
+}
+
 TEST(Deepseek, MoeLayersCountTokensPerExpertAndSkipMtpLayers) {
   auto model = io::load_hf_model(test::fixture_dir() / "deepseek_v3_tiny");
   auto* ds = dynamic_cast<models::Deepseek*>(model.get());
@@ -89,7 +125,7 @@ TEST(Deepseek, SaveLoadsBackToTheSameLogits) {
             "group_limited_greedy");
 }
 
-// llama.cpp's deepseek2 layout (scripts/make_deepseek_fixtures.py writes the tiny V2 that
+// llama.cpp's deepseek2 layout (scripts/make_moe_fixtures.py writes the tiny V2 that
 // way: experts stacked, kv_b_proj split into attn_k_b / attn_v_b, MQA-style head counts):
 // the config it gives and the logits equal the safetensors folder's.
 TEST(Deepseek, Deepseek2GgufLoadsAsTheSameModel) {

@@ -12,7 +12,7 @@ namespace {
 
 TEST(Generate, CachedLogitsEqualFullForward) {
   for (const char* name : {"gpt2_tiny", "llama_tiny", "qwen2_tiny", "deepseek_v3_tiny",
-                           "deepseek_v3_noq_tiny", "deepseek_v2_tiny"}) {
+                           "deepseek_v3_noq_tiny", "deepseek_v2_tiny", "qwen2_moe_tiny"}) {
     auto model = io::load_hf_model(test::fixture_dir() / name);
     const int64_t T = 12, V = model->vocab_size();
     Tensor ids = Tensor::zeros({1, T}, DType::I32);
@@ -40,7 +40,7 @@ TEST(Packing, PackedRowEqualsSeparateSequences) {
   // Two samples packed in one row (positions restart at the second) give the logits each
   // gives alone: no attention across samples, positions per sample.
   for (const char* name : {"gpt2_tiny", "llama_tiny", "qwen2_tiny", "deepseek_v3_tiny",
-                           "deepseek_v3_noq_tiny", "deepseek_v2_tiny"}) {
+                           "deepseek_v3_noq_tiny", "deepseek_v2_tiny", "qwen2_moe_tiny"}) {
     auto model = io::load_hf_model(test::fixture_dir() / name);
     const int64_t V = model->vocab_size(), T = 9, split = 4;
     Tensor ids = Tensor::zeros({1, T}, DType::I32), pos = Tensor::zeros({1, T}, DType::I32);

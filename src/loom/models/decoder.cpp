@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "loom/kernels/cpu/rope.h"
+#include "loom/nn/moe.h"
 #include "loom/util/error.h"
 
 namespace loom::models {
@@ -63,6 +64,28 @@ bool Decoder::in_other_stage(const std::string& n) const {
   if (!spec_.pos_embed.empty() && n.starts_with(spec_.pos_embed + ".")) return !first_;
   if (n.starts_with(spec_.final_norm + ".") || n.starts_with(spec_.lm_head + ".")) return !last_;
   return false;
+}
+
+bool Decoder::held_elsewhere(const std::string& n) const {
+  if (in_other_stage(n)) return true;
+  const int u = block_unit(n, spec_.block_prefix);
+  const size_t at = n.find(".experts.");
+  if (u < 1 || at == std::string::npos) return false;
+  const size_t a = at + 9, b = n.find('.', a);
+  const std::string num = n.substr(a, b == std::string::npos ? b : b - a);
+  if (num.empty() || num.size() > 9 || !std::all_of(num.begin(), num.end(), ::isdigit))
+    return false;
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    if (layer_of_[i] == u - 1)
+      if (const nn::MoE* m = blocks_[i]->moe()) return !m->holds_expert(std::stoll(num));
+  return false;
+}
+
+std::vector<MoeLayer> Decoder::moe_layers() const {
+  std::vector<MoeLayer> out;
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    if (nn::MoE* m = blocks_[i]->moe()) out.push_back({layer_of_[i], m});
+  return out;
 }
 
 std::vector<nn::Linear*> Decoder::linears() {

@@ -84,6 +84,9 @@ class Decoder : public CausalLM {
   const Tensor& input_grad(int chunk) const override { return dinput_[chunk]; }
   Shape stage_io_shape(int64_t B, int64_t T) const override { return stream_shape(B, T); }
   bool in_other_stage(const std::string& name) const override;
+  // Also a routed expert ("<block>.<...>.experts.<e>.") of another expert-parallel rank.
+  bool held_elsewhere(const std::string& name) const override;
+  std::vector<MoeLayer> moe_layers() const override;  // the blocks whose MLP is a MoE
   nn::Parameter* tied_embedding() const override {
     return spec_.tied_head && tok_embed_ ? tok_embed_->weight() : nullptr;
   }

@@ -157,7 +157,6 @@ nlohmann::json DeepseekConfig::to_hf() const {
 }
 
 namespace {
-using MoeLayers = std::shared_ptr<std::vector<MoeLayer>>;
 
 nn::MlaDims mla_dims(const DeepseekConfig& c) {
   nn::MlaDims d;
@@ -201,8 +200,7 @@ nn::MoeSpec moe_spec(const DeepseekConfig& c, const StageRange& stage) {
 }
 
 std::unique_ptr<nn::DecoderBlock> deepseek_block(nn::ParamStore& ps, const std::string& name,
-                                                 const DeepseekConfig& c, const StageRange& stage,
-                                                 MoeLayers moe) {
+                                                 const DeepseekConfig& c, const StageRange& stage) {
   const int64_t layer = std::stoll(name.substr(name.rfind('.') + 1));
   const float std = c.initializer_range;
   auto norm1 = [&] {
@@ -219,14 +217,12 @@ std::unique_ptr<nn::DecoderBlock> deepseek_block(nn::ParamStore& ps, const std::
     });
   }
   using Block = nn::PreNormBlock<nn::RMSNorm, nn::MlaAttention, nn::MoE>;
-  auto block = std::make_unique<Block>(
+  return std::make_unique<Block>(
       norm1, norm2, attn, [&] { return nn::MoE(ps, name + ".mlp", moe_spec(c, stage), std); });
-  moe->push_back({layer, &block->mlp()});
-  return block;
 }
 
 DecoderSpec deepseek_spec(const DeepseekConfig& c, const nn::TensorParallel& tp,
-                          const StageRange& stage, MoeLayers moe) {
+                          const StageRange& stage) {
   LOOM_CHECK(!tp.active(), c.model_type +
                                ": tensor_parallel.size must be 1 (multi-head latent attention "
                                "and the experts are not split over ranks; expert parallelism "
@@ -239,8 +235,8 @@ DecoderSpec deepseek_spec(const DeepseekConfig& c, const nn::TensorParallel& tp,
   s.cache_values = false;
   s.rope_inv_freq = kernels::rope_inv_freq(c.qk_rope_head_dim, c.rope_theta, c.rope_scaling);
   s.rope_scale = static_cast<float>(kernels::rope_attention_factor(c.rope_scaling));
-  s.make_block = [c, stage, moe](nn::ParamStore& ps, const std::string& name) {
-    return deepseek_block(ps, name, c, stage, moe);
+  s.make_block = [c, stage](nn::ParamStore& ps, const std::string& name) {
+    return deepseek_block(ps, name, c, stage);
   };
   return s;
 }
@@ -248,14 +244,7 @@ DecoderSpec deepseek_spec(const DeepseekConfig& c, const nn::TensorParallel& tp,
 
 Deepseek::Deepseek(const DeepseekConfig& c, const nn::TensorParallel& tp, const StageRange& stage,
                    ParamBuffers buffers)
-    : Deepseek(c, tp, stage, buffers, std::make_shared<std::vector<MoeLayer>>()) {}
-
-Deepseek::Deepseek(const DeepseekConfig& c, const nn::TensorParallel& tp, const StageRange& stage,
-                   ParamBuffers buffers, MoeLayers moe)
-    : Decoder(deepseek_spec(c, tp, stage, moe), buffers), cfg_(c), moe_(*moe) {
-  ep_size_ = stage.ep_size;
-  ep_rank_ = stage.ep_rank;
-}
+    : Decoder(deepseek_spec(c, tp, stage), buffers), cfg_(c) {}
 
 int64_t Deepseek::activation_bytes(int64_t B, int64_t T) const {
   const DeepseekConfig& c = cfg_;
@@ -308,14 +297,6 @@ bool Deepseek::hf_ignorable(const std::string& name) const {
 
   return (tied_head() && name == "lm_head.weight") || name.ends_with("rotary_emb.inv_freq") ||
          held_elsewhere(name);
-}
-
-bool Deepseek::held_elsewhere(const std::string& name) const {
-  if (const int64_t e = number_after(name, ".mlp.experts."); e >= 0 && ep_size_ > 1) {
-    const int64_t L = cfg_.n_routed_experts / ep_size_;
-    if (e < ep_rank_ * L || e >= (ep_rank_ + 1) * L) return true;
-  }
-  return in_other_stage(name);
 }
 
 void Deepseek::add_kv_prefix(const nn::PrefixSpec&) {

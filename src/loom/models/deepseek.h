@@ -62,21 +62,12 @@ class Deepseek : public Decoder {
   nlohmann::json hf_config() const override { return cfg_.to_hf(); }
   bool hf_transposed(const nn::Parameter&) const override { return false; }
   bool hf_ignorable(const std::string& name) const override;
-  bool held_elsewhere(const std::string& name) const override;
   int64_t activation_bytes(int64_t B, int64_t T) const override;
   void add_kv_prefix(const nn::PrefixSpec& spec) override;
   const DeepseekConfig& config() const { return cfg_; }
-  std::vector<MoeLayer> moe_layers() const override { return moe_; }
 
  private:
-  using MoeLayers = std::shared_ptr<std::vector<MoeLayer>>;
-  // The blocks record their MoE layers in `moe` as the base class builds them.
-  Deepseek(const DeepseekConfig& c, const nn::TensorParallel& tp, const StageRange& stage,
-           ParamBuffers buffers, MoeLayers moe);
-
   DeepseekConfig cfg_;
-  std::vector<MoeLayer> moe_;
-  int ep_size_ = 1, ep_rank_ = 0;  // the routed-expert slice this rank holds (StageRange)
 };
 
 }  // namespace loom::models

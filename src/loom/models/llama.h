@@ -1,9 +1,13 @@
 // Llama family: token embedding, pre-norm blocks (RMSNorm -> GQA attention with RoPE ->
 // residual, RMSNorm -> SwiGLU MLP -> residual), final RMSNorm, LM head (tied or not).
-// One class covers LlamaForCausalLM (SmolLM2, DeepSeek-LLM dense) and Qwen2ForCausalLM
-// (q/k/v biases). Parameter names follow transformers ("model.layers.0.self_attn.q_proj.weight").
+// One class covers LlamaForCausalLM (SmolLM2, DeepSeek-LLM dense), Qwen2ForCausalLM
+// (q/k/v biases) and Qwen2MoeForCausalLM (Qwen1.5-MoE, Qwen2-57B-A14B: the MLP of every
+// decoder_sparse_step-th layer not in mlp_only_layers is a mixture of num_experts routed
+// experts, softmax top-num_experts_per_tok, plus a shared expert behind a sigmoid gate,
+// nn/moe.h). Parameter names follow transformers ("model.layers.0.self_attn.q_proj.weight").
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -15,7 +19,7 @@
 namespace loom::models {
 
 struct LlamaConfig {
-  std::string model_type = "llama";  // llama | qwen2
+  std::string model_type = "llama";  // llama | qwen2 | qwen2_moe
   int64_t vocab_size = 32000, hidden_size = 4096, intermediate_size = 11008;
   int64_t num_hidden_layers = 32, num_attention_heads = 32, num_key_value_heads = 32;
   int64_t head_dim = 0;  // 0: hidden_size / num_attention_heads
@@ -28,16 +32,27 @@ struct LlamaConfig {
   bool attention_bias = false;  // q/k/v (and o for Llama) biases; Qwen2: q/k/v always
   float initializer_range = 0.02f;
   int64_t bos_token_id = -1, eos_token_id = -1;
+  // qwen2_moe (0 experts: dense).
+  int64_t num_experts = 0, num_experts_per_tok = 1, moe_intermediate_size = 0;
+  int64_t shared_expert_intermediate_size = 0, decoder_sparse_step = 1;
+  bool norm_topk_prob = false;
+  std::vector<int64_t> mlp_only_layers;
 
   static LlamaConfig from_hf(const nlohmann::json& j, const std::string& where);
   nlohmann::json to_hf() const;
   int64_t dim_head() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
+  bool moe_layer(int64_t l) const {
+    return num_experts > 0 && (l + 1) % decoder_sparse_step == 0 &&
+           std::find(mlp_only_layers.begin(), mlp_only_layers.end(), l) == mlp_only_layers.end();
+  }
 };
 
-// Layer `name` (e.g. "model.layers.3") with its parameters declared in ps, split over tp.
+// Layer `name` (e.g. "model.layers.3") with its parameters declared in ps, split over tp
+// (a MoE layer holds the routed experts of stage's expert slice).
 std::unique_ptr<nn::DecoderBlock> llama_block(nn::ParamStore& ps, const std::string& name,
                                               const LlamaConfig& c,
-                                              const nn::TensorParallel& tp = {});
+                                              const nn::TensorParallel& tp = {},
+                                              const StageRange& stage = {});
 
 // The layout the Llama family shares (DeepSeek's too): model.embed_tokens, model.layers.<l>,
 // model.norm (RMSNorm), lm_head; the caller sets the blocks, rotary and cache widths.

@@ -17,12 +17,12 @@ std::unique_ptr<CausalLM> make_model(const nlohmann::json& j, const std::string&
     type = "gpt2";
   if (type == "gpt2")
     return std::make_unique<GPT2>(GPT2Config::from_hf(j, where), tp, stage, buffers);
-  if (type == "llama" || type == "qwen2")
+  if (type == "llama" || type == "qwen2" || type == "qwen2_moe")
     return std::make_unique<Llama>(LlamaConfig::from_hf(j, where), tp, stage, buffers);
   if (type == "deepseek_v3" || type == "deepseek_v2")
     return std::make_unique<Deepseek>(DeepseekConfig::from_hf(j, where), tp, stage, buffers);
   throw Error(where + ": model_type '" + type +
-              "' is not supported (gpt2, llama, qwen2, deepseek_v2, deepseek_v3)");
+              "' is not supported (gpt2, llama, qwen2, qwen2_moe, deepseek_v2, deepseek_v3)");
 }
 
 }  // namespace loom::models

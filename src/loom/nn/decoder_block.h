@@ -28,6 +28,8 @@
 
 namespace loom::nn {
 
+class MoE;
+
 // Where the tokens of a forward sit, as attention needs it. packed: position ids [B*T] of
 // packed rows (attention stays inside each sample), or null (plain causal rows). rope_cos /
 // rope_sin [B*T, D/2]: rotary tables at the tokens' absolute positions (a KV prefix's length
@@ -54,6 +56,8 @@ class DecoderBlock {
                             const AdapterSpec& spec) = 0;
   virtual void attach_prefix(KVPrefix* prefix, int64_t layer) = 0;
   virtual void release_activations() = 0;
+  // The block's mixture-of-experts MLP (nn/moe.h), if that is what it has.
+  virtual MoE* moe() { return nullptr; }
 };
 
 }  // namespace loom::nn

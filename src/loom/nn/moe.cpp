@@ -1,5 +1,6 @@
 #include "loom/nn/moe.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "loom/util/error.h"
@@ -26,8 +27,12 @@ MoE::MoE(ParamStore& ps, const std::string& name, const MoeSpec& s, float init_s
         return v;
       }()),
       router_(ps, name + ".gate", s.router, init_std) {
-  if (s.n_shared > 0)
-    shared_.emplace(ps, name + ".shared_experts", s.hidden, s.inter * s.n_shared, init_std);
+  const int64_t width = s.shared_width > 0 ? s.shared_width : s.inter * s.n_shared;
+  if (width > 0) shared_.emplace(ps, name + "." + s.shared_name, s.hidden, width, init_std);
+  if (s.shared_gate) {
+    LOOM_CHECK(shared_, name + ": a shared_expert_gate without a shared expert");
+    shared_gate_.emplace(ps, name + ".shared_expert_gate", s.hidden, 1, false, init_std);
+  }
 }
 
 void MoE::set_expert_parallel(const ExpertParallel& ep) {
@@ -49,6 +54,7 @@ std::vector<Linear*> MoE::linears() {
     for (Linear* l : e->linears()) out.push_back(l);
   if (shared_)
     for (Linear* l : shared_->linears()) out.push_back(l);
+  if (shared_gate_) out.push_back(&*shared_gate_);
   return out;
 }
 
@@ -56,7 +62,8 @@ void MoE::release_activations() {
   for (auto& e : experts_) e->release_activations();
   router_.release_activations();
   if (shared_) shared_->release_activations();
-  xs_ = xr_ = ys_ = y_ = wire_ = out_ = Tensor();
+  if (shared_gate_) shared_gate_->release_activations();
+  xs_ = xr_ = ys_ = y_ = wire_ = out_ = sg_ = Tensor();
 }
 
 namespace {
@@ -199,6 +206,17 @@ const Tensor& MoE::forward(const Tensor& x) {
   ensure(y_, x.shape());
   if (shared_) {
     y_.copy_from(shared_->forward(x).reshape(x.shape()));
+    if (shared_gate_) {  // y = sigmoid(x . w_g) shared(x)
+      const float* z = shared_gate_->forward(x).f32();
+      ensure(sg_, {N});
+      float* g = sg_.f32();
+      float* yp = y_.f32();
+#pragma omp parallel for schedule(static)
+      for (int64_t t = 0; t < N; ++t) {
+        g[t] = 1.0f / (1.0f + std::exp(-z[t]));
+        for (int64_t c = 0; c < C; ++c) yp[t * C + c] *= g[t];
+      }
+    }
   } else {
     y_.zero_();
   }
@@ -219,7 +237,26 @@ void MoE::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch) {
   const int64_t C = s_.hidden, E = s_.router.n_experts, K = s_.router.top_k, N = dy.numel() / C;
   const int64_t L = E / ep_.size();
   const float* w = router_.weights().f32();
-  if (shared_) shared_->backward(dy, dx, scratch);
+  if (shared_gate_) {
+    // d shared = g dy; dz = (dy . shared) g (1 - g), through the gate's linear into dx.
+    const Tensor& sh = shared_->output();
+    Tensor dsh = scratch.zeros("moe.dshared", dy.shape());
+    Tensor dz = scratch.zeros("moe.dgate", {N, 1});
+    const float* g = sg_.f32();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      float dot = 0.0f;
+      for (int64_t c = 0; c < C; ++c) {
+        dsh.f32()[t * C + c] = g[t] * dy.f32()[t * C + c];
+        dot += dy.f32()[t * C + c] * sh.f32()[t * C + c];
+      }
+      dz.f32()[t] = dot * g[t] * (1.0f - g[t]);
+    }
+    shared_gate_->backward(dz.reshape(shared_gate_->output().shape()), dx);
+    shared_->backward(dsh, dx, scratch);
+  } else if (shared_) {
+    shared_->backward(dy, dx, scratch);
+  }
   // dys[row of (t, k)] = w[t, k] dy[t]; dw[t, k] = dy[t] . ys[row of (t, k)].
   Tensor dys = scratch.zeros("moe.dys", {N * K, C});
   Tensor dw = scratch.zeros("moe.dw", {N, K});

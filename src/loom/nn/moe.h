@@ -1,9 +1,10 @@
-// DeepSeekMoE: fine-grained routed experts plus always-on shared experts.
-//   y = shared(x) + sum_k w[t, k] * expert_{e(t, k)}(x[t])     (nn/moe_router.h chooses e, w)
+// A mixture of experts with optional always-on shared experts: DeepSeekMoE and Qwen2-MoE.
+//   y = g(x) shared(x) + sum_k w[t, k] * expert_{e(t, k)}(x[t])   (nn/moe_router.h: e, w)
 // Every expert is a SwiGLU MLP of width moe_intermediate_size; the shared experts are one
-// SwiGLU MLP of width n_shared * moe_intermediate_size (absent when n_shared is 0).
+// SwiGLU MLP (DeepSeek: n_shared * moe_intermediate_size wide, g = 1; Qwen2-MoE: its
+// shared_expert_intermediate_size, g = sigmoid(x . w_g) from a [1, C] shared_expert_gate).
 // Names follow transformers: <name>.experts.<e>.{gate,up,down}_proj, <name>.gate,
-// <name>.shared_experts.{gate,up,down}_proj.
+// <name>.shared_experts.{gate,up,down}_proj (Qwen2-MoE: shared_expert, shared_expert_gate).
 //   forward : x [B, T, C] -> y [B, T, C]
 //   backward: dy -> dx += ...
 // Dispatch: the N*K (token, slot) pairs are sorted by expert (tokens in order within an
@@ -37,6 +38,11 @@ namespace loom::nn {
 struct MoeSpec {
   int64_t hidden = 0, inter = 0;  // moe_intermediate_size
   int64_t n_shared = 0;
+  // Qwen2-MoE's shared expert: its own width (0: n_shared * inter), module name, and the
+  // sigmoid gate on its output.
+  int64_t shared_width = 0;
+  std::string shared_name = "shared_experts";
+  bool shared_gate = false;
   RouterSpec router;
   // The routed experts this rank declares: [ep_rank E / ep_size, (ep_rank + 1) E / ep_size).
   int ep_size = 1, ep_rank = 0;
@@ -82,6 +88,8 @@ class MoE {
   std::vector<std::unique_ptr<SwiGluMLP>> experts_;  // this rank's slice, in expert order
   Router router_;
   std::optional<SwiGluMLP> shared_;
+  std::optional<Linear> shared_gate_;  // [1, C]
+  Tensor sg_;                          // [N] the gate's sigmoid of the last forward
   ExpertParallel ep_;
   std::vector<int64_t> off_;   // [E + 1]: expert e's rows of xs_
   std::vector<int64_t> slot_;  // [N*K]: row of xs_ that (token t, slot k) went to

@@ -19,6 +19,7 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "loom/kernels/cpu/elementwise.h"
@@ -36,6 +37,12 @@ class PreNormBlock final : public DecoderBlock {
 
   Attn& attn() { return attn_; }
   Mlp& mlp() { return mlp_; }
+  MoE* moe() override {
+    if constexpr (std::is_same_v<Mlp, MoE>)
+      return &mlp_;
+    else
+      return nullptr;
+  }
 
   const Tensor& forward(const Tensor& x, const Positions& p) override {
     return finish(x, p, attn_.forward(enter(norm1_.forward(x), p, attn_in_), p));

@@ -20,6 +20,7 @@ class SwiGluMLP {
             const TensorParallel& tp = {});
   const Tensor& forward(const Tensor& x);
   void backward(const Tensor& dy, const Tensor& dx, Scratch& scratch);
+  const Tensor& output() const { return down_.output(); }  // the last forward's
   std::vector<Linear*> linears() { return {&gate_, &up_, &down_}; }
   void release_activations() {  // activation checkpointing (nn/decoder_block.h)
     for (Linear* l : linears()) l->release_activations();

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Golden fixtures for DeepSeek's own architecture: DeepseekV3ForCausalLM (MLA with and
+"""Golden fixtures for the mixture-of-experts models: DeepseekV3ForCausalLM (MLA with and
 without q_lora_rank, sigmoid routing with the correction bias, group-limited choice, shared
-experts) and DeepseekV2ForCausalLM (softmax routing, group_limited_greedy), tiny random
-models made from transformers' config classes (no download).
+experts), DeepseekV2ForCausalLM (softmax routing, group_limited_greedy) and
+Qwen2MoeForCausalLM (softmax top-k, a shared expert behind a sigmoid gate, a dense layer by
+mlp_only_layers), tiny random models made from transformers' config classes (no download).
 
 For each NAME it writes tests/fixtures/NAME/:
   config.json, model.safetensors   via save_pretrained (per-expert tensor names, as the
@@ -26,8 +27,9 @@ The routing decisions must not sit on a near-tie, or fp32 differences between tw
 implementations would flip them: the script reports the smallest margin of every choice
 (the k-th vs the next expert, the kept vs the next group) and moves to the next seed when one is under 1e-4.
 
-Run from the repository root:  ~/.cache/loom/ref-venv/bin/python scripts/make_deepseek_fixtures.py
-(--gguf-only: just the GGUF files, from the committed safetensors fixture).
+Run from the repository root:  ~/.cache/loom/ref-venv/bin/python scripts/make_moe_fixtures.py
+(--gguf-only: just the GGUF files, from the committed safetensors fixture; --only NAME:
+just that fixture).
 """
 
 import os
@@ -65,13 +67,23 @@ CONFIGS = {
         **COMMON, q_lora_rank=None, v_head_dim=16, n_shared_experts=1, num_experts_per_tok=2,
         topk_method="group_limited_greedy", n_group=4, topk_group=2, norm_topk_prob=False,
         routed_scaling_factor=1.5),
+    # Qwen2-MoE: GQA with q/k/v biases, layer 1 dense (mlp_only_layers), the others MoE with
+    # top-2 normalised weights and a shared expert wider than the routed ones.
+    "qwen2_moe_tiny": transformers.Qwen2MoeConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+        shared_expert_intermediate_size=24, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+        output_router_logits=False),
 }
 
 
 def routing_margin(cfg, router, x):
     """The smallest gap between a chosen and the best unchosen candidate, over all tokens."""
     logits = x.reshape(-1, cfg.hidden_size).float() @ router.weight.float().t()
-    E, G = cfg.n_routed_experts, cfg.n_group or 1
+    E = getattr(cfg, "n_routed_experts", None) or cfg.num_experts
+    G = getattr(cfg, "n_group", None) or 1
     v3 = cfg.model_type == "deepseek_v3"
     s = logits.sigmoid() if v3 else logits.softmax(-1)
     c = s + router.e_score_correction_bias if v3 else s
@@ -224,10 +236,16 @@ def write_gguf(name, out_file, quantized_experts=False):
 
 
 def main():
-    if "--gguf-only" not in sys.argv[1:]:
+    args = sys.argv[1:]
+    only = args[args.index("--only") + 1] if "--only" in args else None
+    if "--gguf-only" not in args:
         for i, (name, cfg) in enumerate(CONFIGS.items()):
+            if only and name != only:
+                continue
             if not any(make(name, cfg, seed=30 + i + 100 * attempt) for attempt in range(10)):
                 raise SystemExit(f"{name}: no seed without a near-tie")
+    if only:
+        return
     write_gguf("deepseek_v2_tiny", os.path.join(ROOT, "gguf", "deepseek_v2_tiny.gguf"))
     write_gguf("deepseek_v2_tiny", os.path.join(ROOT, "gguf", "deepseek_v2_tiny_q8.gguf"), True)
 
