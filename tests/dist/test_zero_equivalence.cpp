@@ -42,6 +42,37 @@ TEST_P(ZeroEquivalence, EveryStageEqualsOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Models, ZeroEquivalence, ::testing::Values("gpt2", "llama"));
 
+// A non-finite gradient under ZeRO-2 lives in one rank's shard only: every rank still stops
+// at that step (the norm is reduced over the job) and names the parameter; the rank that
+// holds the element says which one.
+TEST(NonFiniteGradient, UnderZero2EveryRankStopsAndNamesTheParameter) {
+  nlohmann::json j = base_config("gpt2");
+  j["zero_optimization"] = {{"stage", 2}};
+  j.erase("gradient_accumulation_steps");
+  j["train_micro_batch_size_per_gpu"] = 12 / g_world->size();
+  train::TrainConfig cfg = train::parse_config(j, "test", g_world->size());
+  dist::ProcessMesh mesh(*g_world, 1, 1);
+  train::Trainer t(cfg, nullptr, &mesh);
+  const std::string name = "transformer.h.1.mlp.c_proj.weight";
+  nn::Parameter* p = t.model().params().find(name);
+  ASSERT_NE(p, nullptr);
+  t.set_grad_hook([&] {
+    if (t.steps_done() != 1) return;
+    Tensor extra = Tensor::zeros(p->shape);
+    extra.f32()[p->value.numel() - 1] = NAN;  // in the last rank's piece of its unit
+    t.engine().add_to_reduced_grad(*p, extra);
+  });
+  t.step();
+  const std::string err = test::error_of([&] { t.step(); });
+  EXPECT_NE(err.find("step 2: the gradient is not finite"), std::string::npos) << err;
+  EXPECT_NE(err.find("the first is " + name), std::string::npos) << err;
+  const bool owner = g_world->rank() == g_world->size() - 1;
+  std::string element = std::to_string(p->value.numel() - 1);
+  element.insert(0, 1, '[');
+  element.append("] = nan");
+  EXPECT_EQ(err.find(element) != std::string::npos, owner) << err;
+}
+
 TEST(ZeroLora, Stage3AdapterEqualsOneProcess) {
   nlohmann::json j = lora_config();
   const fs::path one = job_dir() / "lora-one", zero3 = job_dir() / "lora-zero3";

@@ -1,6 +1,7 @@
 #include "loom/parallel/zero.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -462,6 +463,17 @@ double ZeroEngine::grad_sq_norm() {
   }
   if (cfg_.stage > 0) comm_.all_reduce_sum(&s[0], 1);  // padding elements are zero
   return s[0] + s[1];
+}
+
+std::optional<ZeroEngine::NonFinite> ZeroEngine::first_non_finite() const {
+  for (const OwnedRun& r : owned_) {
+    const float* g = cfg_.stage == 0
+                         ? model_.params().flat_grads().f32() + r.param->grad_offset + r.begin
+                         : shard_grads_.f32() + r.state_offset;
+    for (int64_t i = 0; i < r.end - r.begin; ++i)
+      if (!std::isfinite(g[i])) return NonFinite{&r, r.begin + i, g[i]};
+  }
+  return std::nullopt;
 }
 
 void ZeroEngine::optimizer_step(float lr, float clip_coef) {

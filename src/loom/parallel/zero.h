@@ -150,6 +150,15 @@ class ZeroEngine : public models::UnitHooks {
     int64_t state_offset;
   };
   const std::vector<OwnedRun>& owned_runs() const { return owned_; }
+  // After the reduction: the first element of this rank's owned runs (in their order) whose summed
+  // gradient is not finite, as (run, element of the parameter's flattened local tensor), or none.
+  // For the fp32 stop on a non-finite gradient.
+  struct NonFinite {
+    const OwnedRun* run;
+    int64_t element;
+    float value;
+  };
+  std::optional<NonFinite> first_non_finite() const;
   optim::AdamW& optimizer() { return *opt_; }
   // Whether this rank writes r's optimizer state to a checkpoint: every owner of a ZeRO
   // piece; at stage 0 the first rank of the group that reduces r's parameter.

@@ -330,6 +330,8 @@ StepStats Trainer::step() {
   double sq = engine_->grad_sq_norm();
   if (stage_) mesh_->pp().all_reduce_sum(&sq, 1);
   st.grad_norm = std::sqrt(sq) / st.loss_scale;
+  // fp32: a non-finite gradient ends the run here, before the optimizer changes anything.
+  if (!scaler_ && !std::isfinite(sq)) stop_on_non_finite(st);
   if (scaler_) {
     // fp16: an inf or NaN in any rank's gradients (found-inf, reduced over the whole job:
     // under ZeRO 0 a rank's norm covers only its own copy) skips the step everywhere, and
@@ -353,6 +355,40 @@ StepStats Trainer::step() {
   ++step_;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
+}
+
+void Trainer::stop_on_non_finite(const StepStats& st) {
+  // The norm is reduced over the whole job, so every rank is here at the same step. Each
+  // rank looks for the first non-finite element it owns; the job agrees on the first in
+  // (pipeline stage, parameter order), and the rank holding it says which element.
+  const std::optional<parallel::ZeroEngine::NonFinite> nf = engine_->first_non_finite();
+  const auto& all = model_->params().all();
+  int64_t index = -1;
+  if (nf)
+    for (size_t i = 0; i < all.size(); ++i)
+      if (all[i].get() == nf->run->param) index = static_cast<int64_t>(i);
+  const double kNone = 1e18;
+  double key = index >= 0 ? mesh_->pp_rank() * 1e9 + static_cast<double>(index) : kNone;
+  key = -key;  // the smallest key, through a max
+  mesh_->world().all_reduce_max(&key);
+  key = -key;
+  std::string where;
+  if (key >= kNone) {
+    where = "no single gradient element is; their sum of squares overflowed";
+  } else if (static_cast<int>(key / 1e9) != mesh_->pp_rank()) {
+    where = "the first is in pipeline stage " + std::to_string(static_cast<int>(key / 1e9));
+  } else {
+    const nn::Parameter& p = *all[static_cast<size_t>(key - mesh_->pp_rank() * 1e9)];
+    where = "the first is " + p.name;
+    if (nf && nf->run->param == &p)
+      where +=
+          "[" + std::to_string(nn::full_index(p, nf->element)) + "] = " + std::to_string(nf->value);
+  }
+  throw Error("step " + std::to_string(st.step + 1) + ": the gradient is not finite (norm " +
+              std::to_string(st.grad_norm) + ", loss " + std::to_string(st.loss) + "): " + where +
+              ". The parameters and optimizer state were not updated; the last checkpoint is "
+              "the place to resume from (a lower learning rate, or bf16 / fp16 with loss "
+              "scaling, are the usual remedies)");
 }
 
 void Trainer::for_each_moe(const std::function<void(nn::MoE&)>& fn) {

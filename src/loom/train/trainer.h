@@ -135,6 +135,8 @@ class Trainer {
   std::unique_ptr<optim::LossScaler> scaler_;  // fp16
   int64_t skipped_ = 0;  // steps skipped before a resume that dropped fp16 (the lr lags them)
   std::function<void()> grad_hook_;
+  // fp32: throws naming the step and the first parameter with a non-finite gradient.
+  [[noreturn]] void stop_on_non_finite(const StepStats& st);
   int64_t step_ = 0;
 };
 
