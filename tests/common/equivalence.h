@@ -30,9 +30,12 @@ namespace fs = std::filesystem;
 
 inline dist::Communicator* g_world = nullptr;  // set by main()
 
-// A shared folder for the job (every rank sees the same path; rank 0 creates it).
+// A shared folder for the job (every rank sees the same path; rank 0 creates it, and
+// removes it when the tests are done, passed or failed: run_equivalence_tests).
+inline bool g_job_dir_made = false;
 inline fs::path job_dir() {
   static fs::path dir = [] {
+    g_job_dir_made = true;
     double id = g_world->rank() == 0 ? static_cast<double>(::getpid()) : 0.0;
     g_world->all_reduce_sum(&id, 1);
     fs::path d = fs::temp_directory_path() / ("loom-dist-" + std::to_string(static_cast<long>(id)));
@@ -211,7 +214,12 @@ inline const Trained& reference_of(const std::string& arch) {
 inline int run_equivalence_tests(int argc, char** argv) {
   std::unique_ptr<dist::Communicator> world = dist::make_world_communicator();
   g_world = world.get();
-  return run_tests_on_every_rank(argc, argv, *world);
+  const int rc = run_tests_on_every_rank(argc, argv, *world);  // every rank is done after it
+  if (g_job_dir_made && world->rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(job_dir(), ec);
+  }
+  return rc;
 }
 
 }  // namespace loom::test
