@@ -1,16 +1,28 @@
-// What a run does when something goes wrong in it (issue 17's "runs people can trust"):
-// a non-finite gradient in fp32 training stops the run at that step, naming the step and
-// the first parameter (and element) whose gradient is not finite, before the optimizer
-// changes any parameter or moment.
+// What a run does when something goes wrong in it or around it: a non-finite gradient in
+// fp32 training stops the run at that step, naming the step and the first parameter (and
+// element) whose gradient is not finite, before the optimizer changes any parameter or
+// moment; a SIGTERM stops a multi-rank job after the step in progress with a resumable
+// checkpoint (util/stop_signals.h).
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <map>
+#include <thread>
 
+#include "common/ref_python.h"
 #include "common/test_util.h"
 #include "loom/data/dataset.h"
+#include "loom/io/hf_checkpoint.h"
+#include "loom/io/safetensors.h"
 #include "loom/train/trainer.h"
+#include "loom/util/stop_signals.h"
 
 namespace loom {
 namespace {
@@ -74,6 +86,119 @@ TEST(NonFiniteGradient, NamesTheFirstInParameterOrder) {
   });
   const std::string err = test::error_of([&] { t.step(); });
   EXPECT_NE(err.find("the first is transformer.h.0.ln_2.weight[5]"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+// `loom launch -n 2 -- train` in the background (its own output in `log`).
+pid_t spawn_launch(const fs::path& cfg, const fs::path& log) {
+  const std::string cmd = "exec " + test::loom_binary() + " launch -n 2 -- train " + cfg.string() +
+                          " > " + log.string() + " 2>&1";
+  pid_t pid = 0;
+  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  EXPECT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  return pid;
+}
+
+// metrics.jsonl's step losses (by step) and its "stopped" step, if any.
+std::map<int64_t, double> losses_by_step(const fs::path& metrics, int64_t* stopped = nullptr) {
+  std::map<int64_t, double> out;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) continue;  // a line being written
+    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    if (stopped && j.contains("stopped")) *stopped = j["stopped"]["step"].get<int64_t>();
+  }
+  return out;
+}
+
+std::map<std::string, std::vector<char>> tensors_of(const fs::path& file) {
+  std::map<std::string, std::vector<char>> out;
+  const io::SafetensorsFile f = io::SafetensorsFile::open(file);
+  for (const auto& t : f.tensors())
+    out[t.name].assign(reinterpret_cast<const char*>(t.data.data()),
+                       reinterpret_cast<const char*>(t.data.data()) + t.data.size());
+  return out;
+}
+
+// SIGTERM to `loom launch` of a 2-rank ZeRO-2 job mid-run (a scheduler's preemption): the
+// ranks finish the step, save checkpoint-<step> and the job exits with kExitInterrupted
+// within seconds; resuming from it gives the uninterrupted run's losses and final
+// parameters bit for bit.
+TEST(StopSignal, SigtermSavesAResumableCheckpointOnEveryRank) {
+  test::TempDir tmp;
+  {
+    std::ofstream text(tmp.path / "data.txt");
+    for (int i = 0; i < 400; ++i) text << "rank " << i % 13 << " saves; the run resumes. ";
+  }
+  nlohmann::json c = {{"model",
+                       {{"arch", "gpt2"},
+                        {"n_layer", 2},
+                        {"n_embd", 32},
+                        {"n_head", 4},
+                        {"vocab_size", 256},
+                        {"n_positions", 32}}},
+                      {"data",
+                       {{"path", (tmp.path / "data.txt").string()},
+                        {"format", "text"},
+                        {"tokenizer", "bytes"},
+                        {"seq_len", 32}}},
+                      {"train_micro_batch_size_per_gpu", 2},
+                      {"gradient_accumulation_steps", 2},
+                      {"train_steps", 120},
+                      {"zero_optimization", {{"stage", 2}}},
+                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}}}}},
+                      {"steps_per_print", 100}};
+  auto write = [&](const std::string& name, nlohmann::json j) {
+    j["output_dir"] = (tmp.path / name).string();
+    io::write_json_file(tmp.path / (name + ".json"), j);
+    return tmp.path / (name + ".json");
+  };
+  // Stopped once step 5 is in the metrics.
+  const pid_t pid = spawn_launch(write("stopped", c), tmp.path / "stopped.log");
+  const fs::path metrics = tmp.path / "stopped" / "metrics.jsonl";
+  const auto t0 = std::chrono::steady_clock::now();
+  while (losses_by_step(metrics).size() < 5 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_GE(losses_by_step(metrics).size(), 5u) << "the job did not get going";
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::ifstream log_file(tmp.path / "stopped.log");
+  const std::string log((std::istreambuf_iterator<char>(log_file)), {});
+  ASSERT_TRUE(WIFEXITED(status)) << log;
+  EXPECT_EQ(WEXITSTATUS(status), kExitInterrupted) << log;
+  EXPECT_LT(seconds, 60.0);
+  int64_t stopped = -1;
+  losses_by_step(metrics, &stopped);
+  ASSERT_GE(stopped, 5) << log;
+  ASSERT_LT(stopped, 120) << log;
+  const fs::path ck = tmp.path / "stopped" / ("checkpoint-" + std::to_string(stopped));
+  ASSERT_TRUE(fs::exists(ck / "trainer_state.json")) << log;
+
+  nlohmann::json resumed = c;
+  resumed["resume_from"] = ck.string();
+  for (const auto& [name, j] : {std::pair{"resumed", resumed}, std::pair{"whole", c}}) {
+    auto [rc, out] =
+        test::run_command(test::loom_binary() + " launch -n 2 -- train " + write(name, j).string());
+    ASSERT_EQ(rc, 0) << out;
+  }
+  const auto whole = losses_by_step(tmp.path / "whole" / "metrics.jsonl");
+  const auto after = losses_by_step(tmp.path / "resumed" / "metrics.jsonl");
+  ASSERT_EQ(after.size(), static_cast<size_t>(120 - stopped));
+  for (const auto& [step, loss] : after) EXPECT_EQ(loss, whole.at(step)) << "step " << step;
+  EXPECT_EQ(tensors_of(tmp.path / "resumed" / "checkpoint-final" / "model.safetensors"),
+            tensors_of(tmp.path / "whole" / "checkpoint-final" / "model.safetensors"));
 }
 
 }  // namespace

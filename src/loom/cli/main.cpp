@@ -41,6 +41,7 @@
 #include "loom/train/verify.h"
 #include "loom/util/error.h"
 #include "loom/util/path.h"
+#include "loom/util/stop_signals.h"
 
 namespace {
 
@@ -159,7 +160,7 @@ int cmd_train(const Args& a) {
     loom::dist::ProcessMesh mesh(world, cfg.tensor_parallel, cfg.pipeline.size);
     loom::train::Trainer trainer(cfg, nullptr, &mesh);
     trainer.run();
-    return 0;
+    return trainer.interrupted() ? loom::kExitInterrupted : 0;
   });
 }
 

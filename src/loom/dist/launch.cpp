@@ -80,21 +80,42 @@ std::string shell_line(const std::vector<std::string>& argv) {
   return line;
 }
 
-// While mpirun runs, Ctrl-C (sent to the whole foreground process group) is mpirun's to
-// handle: it stops the ranks and exits, and we report its status. So this process ignores
-// SIGINT/SIGQUIT meanwhile, as system() does, and mpirun gets the default handlers back.
-struct IgnoreInterrupts {
+// While mpirun runs, a SIGINT (Ctrl-C) or SIGTERM (a scheduler) to this process becomes a
+// SIGUSR1 to mpirun, which forwards it to every rank: they finish the step, save a
+// checkpoint and exit (util/stop_signals.h). mpirun answers SIGINT/SIGTERM itself by
+// killing the ranks a second later, so it runs in its own process group, out of the
+// terminal's reach (and, as a background group, it leaves the terminal's input alone). A
+// second signal is passed on as SIGTERM: mpirun then stops the job at once. SIGQUIT is
+// ignored here, as system() does.
+volatile std::sig_atomic_t g_mpirun = 0;
+volatile std::sig_atomic_t g_signals = 0;
+
+void forward_stop(int) {
+  const int first = g_signals == 0;
+  g_signals = 1;
+  if (g_mpirun > 0) ::kill(static_cast<pid_t>(g_mpirun), first ? SIGUSR1 : SIGTERM);
+}
+
+struct ForwardStops {
   struct sigaction old_int {
-  }, old_quit{};
-  IgnoreInterrupts() {
+  }, old_term{}, old_quit{};
+  ForwardStops() {
+    g_signals = 0;
+    struct sigaction fwd {};
+    fwd.sa_handler = forward_stop;
+    sigemptyset(&fwd.sa_mask);
+    fwd.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &fwd, &old_int);
+    sigaction(SIGTERM, &fwd, &old_term);
     struct sigaction ignore {};
     ignore.sa_handler = SIG_IGN;
     sigemptyset(&ignore.sa_mask);
-    sigaction(SIGINT, &ignore, &old_int);
     sigaction(SIGQUIT, &ignore, &old_quit);
   }
-  ~IgnoreInterrupts() {
+  ~ForwardStops() {
+    g_mpirun = 0;
     sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
     sigaction(SIGQUIT, &old_quit, nullptr);
   }
 };
@@ -113,18 +134,21 @@ int launch(int n, const std::vector<std::string>& loom_args, const std::string& 
   for (auto& a : cmd) argv.push_back(a.data());
   argv.push_back(nullptr);
 
-  IgnoreInterrupts ignore;
+  ForwardStops forward;
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   sigset_t defaults;
   sigemptyset(&defaults);
   sigaddset(&defaults, SIGINT);
+  sigaddset(&defaults, SIGTERM);
   sigaddset(&defaults, SIGQUIT);
   posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setpgroup(&attr, 0);  // its own process group (see ForwardStops)
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
   pid_t pid = 0;
   int rc = posix_spawnp(&pid, "mpirun", nullptr, &attr, argv.data(), environ);
   posix_spawnattr_destroy(&attr);
+  if (rc == 0) g_mpirun = pid;
   LOOM_CHECK(rc != ENOENT,
              "launch: mpirun not found on PATH (OpenMPI's openmpi-bin package provides it; "
              "scripts/install_deps.sh installs it)");

@@ -32,9 +32,10 @@ std::vector<std::string> mpirun_command(int n, const std::vector<std::string>& l
                                         const LaunchHost& host);
 
 // Prints mpirun_command(..., LaunchHost::current()) to stderr, runs it and returns mpirun's
-// exit status (128 + signal if it was killed). Ctrl-C reaches mpirun, which stops every
-// rank; this process waits for it. Throws loom::Error if mpirun is not on PATH or the
-// hostfile does not exist.
+// exit status (128 + signal if it was killed). A first Ctrl-C or SIGTERM asks every rank to
+// stop gracefully (SIGUSR1 through mpirun: a training run saves a checkpoint and exits
+// with kExitInterrupted, util/stop_signals.h); a second stops the job at once. Throws
+// loom::Error if mpirun is not on PATH or the hostfile does not exist.
 int launch(int n, const std::vector<std::string>& loom_args, const std::string& self_exe,
            const std::string& hostfile = "");
 

@@ -28,6 +28,7 @@
 #include "loom/util/error.h"
 #include "loom/util/path.h"
 #include "loom/util/profile.h"
+#include "loom/util/stop_signals.h"
 #include "loom/util/trace.h"
 
 namespace loom::train {
@@ -652,6 +653,8 @@ void Trainer::run() {
     return dp_->stats().bytes_sent + mesh_->tp().stats().bytes_sent +
            mesh_->pp().stats().bytes_sent + (ep_ ? ep_->stats().bytes_sent : 0);
   };
+  // SIGTERM / SIGINT / SIGUSR1: finish the step on every rank, save, exit (util/stop_signals.h).
+  StopSignals stop_signals(lead);
   while (step_ < cfg_.train_steps) {
     const int64_t sent0 = sent_so_far();
     StepStats st = step();
@@ -702,10 +705,28 @@ void Trainer::run() {
           print_line ? "\n" : "   ");
     if (cfg_.eval_interval > 0 && step_ % cfg_.eval_interval == 0 && step_ < cfg_.train_steps)
       eval_line();
-    if (cfg_.checkpoint_interval > 0 && step_ % cfg_.checkpoint_interval == 0 &&
-        step_ < cfg_.train_steps) {
+    const bool saved = cfg_.checkpoint_interval > 0 && step_ % cfg_.checkpoint_interval == 0 &&
+                       step_ < cfg_.train_steps;
+    if (saved) {
       save_checkpoint(out / ("checkpoint-" + std::to_string(step_)));
       say("loom: saved %s\n", (out / ("checkpoint-" + std::to_string(step_))).string().c_str());
+    }
+    // A stop request on any rank stops every rank after this step (one small all-reduce).
+    double stop = StopSignals::signal_number();
+    mesh_->world().all_reduce_max(&stop);
+    if (stop > 0 && step_ < cfg_.train_steps) {
+      const fs::path ck = out / ("checkpoint-" + std::to_string(step_));
+      if (!saved) save_checkpoint(ck);
+      mesh_->world().barrier();  // every rank's part is written before any rank exits
+      record({{"stopped",
+               {{"step", step_}, {"signal", StopSignals::signal_name(static_cast<int>(stop))}}}});
+      say("%sloom: stopped after step %lld/%lld on %s; saved %s (resume with --set "
+          "resume_from=%s); exit status %d\n",
+          tty ? "\n" : "", static_cast<long long>(step_), static_cast<long long>(cfg_.train_steps),
+          StopSignals::signal_name(static_cast<int>(stop)), ck.string().c_str(),
+          ck.string().c_str(), kExitInterrupted);
+      interrupted_ = true;
+      return;
     }
   }
   eval_line();

@@ -78,7 +78,11 @@ class Trainer {
   // checkpoint every checkpoint_interval steps and the final one, output_dir/checkpoint-final;
   // with cfg.trace_path, the schedule trace of the steps and evaluations (dist/job_trace.h).
   // step() and evaluate() record trace spans whenever util/trace.h's recorder is on.
+  // A SIGTERM, SIGINT or SIGUSR1 during run() (util/stop_signals.h) stops every rank after
+  // the step in progress with a resumable output_dir/checkpoint-<step>; interrupted() then
+  // says so (loom train exits with kExitInterrupted).
   void run();
+  bool interrupted() const { return interrupted_; }
   // A resumable checkpoint of the current state (collective).
   void save_checkpoint(const std::filesystem::path& dir);
   models::CausalLM& model() { return *model_; }
@@ -135,6 +139,7 @@ class Trainer {
   std::unique_ptr<optim::LossScaler> scaler_;  // fp16
   int64_t skipped_ = 0;  // steps skipped before a resume that dropped fp16 (the lr lags them)
   std::function<void()> grad_hook_;
+  bool interrupted_ = false;  // run() stopped on a signal
   // fp32: throws naming the step and the first parameter with a non-finite gradient.
   [[noreturn]] void stop_on_non_finite(const StepStats& st);
   int64_t step_ = 0;
