@@ -128,57 +128,127 @@ std::map<std::string, std::vector<char>> tensors_of(const fs::path& file) {
   return out;
 }
 
+// The pids of this test's ranks (processes running `train CFG`) with OMPI_COMM_WORLD_RANK.
+std::map<int, pid_t> rank_pids(const fs::path& cfg) {
+  std::map<int, pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cmd(e.path() / "cmdline");
+    std::string args((std::istreambuf_iterator<char>(cmd)), {});
+    if (args.find("train") == std::string::npos || args.find(cfg.string()) == std::string::npos ||
+        args.find("launch") != std::string::npos)
+      continue;
+    std::ifstream env(e.path() / "environ");
+    for (std::string var; std::getline(env, var, '\0');)
+      if (var.starts_with("OMPI_COMM_WORLD_RANK="))
+        out[std::stoi(var.substr(21))] = static_cast<pid_t>(std::stol(pid));
+  }
+  return out;
+}
+
+// Waits for `pid` at most `seconds`; its exit status, or -1 on timeout (then it is killed).
+int wait_for(pid_t pid, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int status = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return -1;
+}
+
+// The tiny GPT-2 job both tests run (2 ranks, ZeRO-2, bytes of a text file).
+nlohmann::json tiny_job(const fs::path& dir, int64_t steps) {
+  {
+    std::ofstream text(dir / "data.txt");
+    for (int i = 0; i < 400; ++i) text << "rank " << i % 13 << " saves; the run resumes. ";
+  }
+  return {{"model",
+           {{"arch", "gpt2"},
+            {"n_layer", 2},
+            {"n_embd", 32},
+            {"n_head", 4},
+            {"vocab_size", 256},
+            {"n_positions", 32}}},
+          {"data",
+           {{"path", (dir / "data.txt").string()},
+            {"format", "text"},
+            {"tokenizer", "bytes"},
+            {"seq_len", 32}}},
+          {"train_micro_batch_size_per_gpu", 2},
+          {"gradient_accumulation_steps", 2},
+          {"train_steps", steps},
+          {"zero_optimization", {{"stage", 2}}},
+          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}}}}},
+          {"steps_per_print", 100}};
+}
+
+fs::path write_job(const fs::path& dir, const std::string& name, nlohmann::json j) {
+  j["output_dir"] = (dir / name).string();
+  io::write_json_file(dir / (name + ".json"), j);
+  return dir / (name + ".json");
+}
+
+// Waits until the run's metrics.jsonl has `steps` steps (at most a minute).
+bool wait_for_steps(const fs::path& metrics, size_t steps) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (losses_by_step(metrics).size() < steps) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60)) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+// The watchdog: rank 1 of a 2-rank job stopped (SIGSTOP) mid-run; rank 0 waits in a
+// collective past comm_timeout_s 3 and ends the job within the timeout + 10 s, naming the
+// call and rank 1.
+TEST(CommWatchdog, AStoppedRankEndsTheJobNamingIt) {
+  test::TempDir tmp;
+  nlohmann::json c = tiny_job(tmp.path, 100000);
+  c["comm_timeout_s"] = 3;
+  const fs::path cfg = write_job(tmp.path, "hung", c);
+  const pid_t pid = spawn_launch(cfg, tmp.path / "hung.log");
+  ASSERT_TRUE(wait_for_steps(tmp.path / "hung" / "metrics.jsonl", 3));
+  const std::map<int, pid_t> ranks = rank_pids(cfg);
+  ASSERT_EQ(ranks.size(), 2u);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(::kill(ranks.at(1), SIGSTOP), 0);
+  const int rc = wait_for(pid, 3 + 10 + 5);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::kill(ranks.at(1), SIGKILL);  // if mpirun left it stopped
+  std::ifstream log_file(tmp.path / "hung.log");
+  const std::string log((std::istreambuf_iterator<char>(log_file)), {});
+  EXPECT_NE(rc, -1) << "the job did not end; " << log;
+  EXPECT_NE(rc, 0) << log;
+  EXPECT_LT(seconds, 3 + 10.0) << log;
+  EXPECT_NE(log.find("comm watchdog: rank 1 did not arrive in "), std::string::npos) << log;
+  EXPECT_NE(log.find("over a group of 2 ranks (world ranks 0, 1)"), std::string::npos) << log;
+}
+
 // SIGTERM to `loom launch` of a 2-rank ZeRO-2 job mid-run (a scheduler's preemption): the
 // ranks finish the step, save checkpoint-<step> and the job exits with kExitInterrupted
 // within seconds; resuming from it gives the uninterrupted run's losses and final
 // parameters bit for bit.
 TEST(StopSignal, SigtermSavesAResumableCheckpointOnEveryRank) {
   test::TempDir tmp;
-  {
-    std::ofstream text(tmp.path / "data.txt");
-    for (int i = 0; i < 400; ++i) text << "rank " << i % 13 << " saves; the run resumes. ";
-  }
-  nlohmann::json c = {{"model",
-                       {{"arch", "gpt2"},
-                        {"n_layer", 2},
-                        {"n_embd", 32},
-                        {"n_head", 4},
-                        {"vocab_size", 256},
-                        {"n_positions", 32}}},
-                      {"data",
-                       {{"path", (tmp.path / "data.txt").string()},
-                        {"format", "text"},
-                        {"tokenizer", "bytes"},
-                        {"seq_len", 32}}},
-                      {"train_micro_batch_size_per_gpu", 2},
-                      {"gradient_accumulation_steps", 2},
-                      {"train_steps", 120},
-                      {"zero_optimization", {{"stage", 2}}},
-                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}}}}},
-                      {"steps_per_print", 100}};
-  auto write = [&](const std::string& name, nlohmann::json j) {
-    j["output_dir"] = (tmp.path / name).string();
-    io::write_json_file(tmp.path / (name + ".json"), j);
-    return tmp.path / (name + ".json");
-  };
+  const nlohmann::json c = tiny_job(tmp.path, 120);
   // Stopped once step 5 is in the metrics.
-  const pid_t pid = spawn_launch(write("stopped", c), tmp.path / "stopped.log");
+  const pid_t pid = spawn_launch(write_job(tmp.path, "stopped", c), tmp.path / "stopped.log");
   const fs::path metrics = tmp.path / "stopped" / "metrics.jsonl";
+  ASSERT_TRUE(wait_for_steps(metrics, 5)) << "the job did not get going";
   const auto t0 = std::chrono::steady_clock::now();
-  while (losses_by_step(metrics).size() < 5 &&
-         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  ASSERT_GE(losses_by_step(metrics).size(), 5u) << "the job did not get going";
   ASSERT_EQ(::kill(pid, SIGTERM), 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const int rc = wait_for(pid, 60);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::ifstream log_file(tmp.path / "stopped.log");
   const std::string log((std::istreambuf_iterator<char>(log_file)), {});
-  ASSERT_TRUE(WIFEXITED(status)) << log;
-  EXPECT_EQ(WEXITSTATUS(status), kExitInterrupted) << log;
-  EXPECT_LT(seconds, 60.0);
+  EXPECT_EQ(rc, kExitInterrupted) << log;
+  EXPECT_LT(seconds, 30.0) << log;
   int64_t stopped = -1;
   losses_by_step(metrics, &stopped);
   ASSERT_GE(stopped, 5) << log;
@@ -189,9 +259,9 @@ TEST(StopSignal, SigtermSavesAResumableCheckpointOnEveryRank) {
   nlohmann::json resumed = c;
   resumed["resume_from"] = ck.string();
   for (const auto& [name, j] : {std::pair{"resumed", resumed}, std::pair{"whole", c}}) {
-    auto [rc, out] =
-        test::run_command(test::loom_binary() + " launch -n 2 -- train " + write(name, j).string());
-    ASSERT_EQ(rc, 0) << out;
+    auto [code, out] = test::run_command(test::loom_binary() + " launch -n 2 -- train " +
+                                         write_job(tmp.path, name, j).string());
+    ASSERT_EQ(code, 0) << out;
   }
   const auto whole = losses_by_step(tmp.path / "whole" / "metrics.jsonl");
   const auto after = losses_by_step(tmp.path / "resumed" / "metrics.jsonl");

@@ -1,5 +1,7 @@
 #include "loom/dist/communicator.h"
 
+#include "loom/dist/watchdog.h"
+
 // OpenMPI's mpi.h pulls in its deprecated C++ bindings under C++ unless told not to; they
 // would need libmpi_cxx. We use the C API only.
 #define OMPI_SKIP_MPICXX 1
@@ -28,6 +30,7 @@ Request& Request::operator=(Request&& other) noexcept {
     op_ = other.op_;
     bytes_ = other.bytes_;
     peer_ = other.peer_;
+    comm_ = other.comm_;
   }
   return *this;
 }
@@ -40,6 +43,7 @@ void Request::wait() {
   if (!pending_) return;
   std::unique_ptr<Pending> p = std::move(pending_);
   trace::Span span(trace::Kind::Wait, op_, bytes_, peer_);
+  const InFlight watch(op_, bytes_, comm_);
   p->wait();
 }
 
@@ -74,12 +78,14 @@ constexpr int64_t kF32 = sizeof(float), kF64 = sizeof(double);
 Communicator::Communicator(int rank, int size) : rank_(rank), size_(size) {
   LOOM_CHECK(size >= 1 && rank >= 0 && rank < size,
              "communicator: rank " + std::to_string(rank) + " of size " + std::to_string(size));
+  world_ranks_.assign(1, rank);  // an engine with other ranks fills them in
 }
 
-Request Communicator::named(Request req, const char* op, int64_t bytes, int peer) {
+Request Communicator::named(Request req, const char* op, int64_t bytes, int peer) const {
   req.op_ = op;
   req.bytes_ = bytes;
   req.peer_ = peer;
+  req.comm_ = this;
   return req;
 }
 
@@ -95,6 +101,7 @@ int64_t Communicator::ring_bytes(int64_t n_per_rank, int64_t elem) const {
 void Communicator::all_reduce_sum(float* buf, int64_t n) {
   check_count(n, "all_reduce_sum");
   trace::Span span(trace::Kind::Comm, "all_reduce_sum", n * kF32);
+  const InFlight watch("all_reduce_sum", n * kF32, this);
   do_all_reduce_sum(buf, n);
   count(all_reduce_bytes(n * kF32));
 }
@@ -102,6 +109,7 @@ void Communicator::all_reduce_sum(float* buf, int64_t n) {
 void Communicator::reduce_scatter_sum(const float* send, float* recv, int64_t n_per_rank) {
   check_count(n_per_rank, "reduce_scatter_sum");
   trace::Span span(trace::Kind::Comm, "reduce_scatter_sum", size_ * n_per_rank * kF32);
+  const InFlight watch("reduce_scatter_sum", size_ * n_per_rank * kF32, this);
   do_reduce_scatter_sum(send, recv, n_per_rank);
   count(ring_bytes(n_per_rank));
 }
@@ -109,6 +117,7 @@ void Communicator::reduce_scatter_sum(const float* send, float* recv, int64_t n_
 void Communicator::all_gather(const float* send, float* recv, int64_t n_per_rank) {
   check_count(n_per_rank, "all_gather");
   trace::Span span(trace::Kind::Comm, "all_gather", size_ * n_per_rank * kF32);
+  const InFlight watch("all_gather", size_ * n_per_rank * kF32, this);
   do_all_gather(send, recv, n_per_rank);
   count(ring_bytes(n_per_rank));
 }
@@ -117,6 +126,7 @@ void Communicator::broadcast(void* buf, int64_t bytes, int root) {
   check_count(bytes, "broadcast");
   check_peer(root, size_, "broadcast", "root");
   trace::Span span(trace::Kind::Comm, "broadcast", bytes, root);
+  const InFlight watch("broadcast", bytes, this);
   do_broadcast(buf, bytes, root);
   count((size_ - 1) * bytes / size_);  // scatter + all-gather: (N-1)/N of it from each rank
 }
@@ -126,6 +136,7 @@ void Communicator::send(const float* buf, int64_t n, int dest, int tag) {
   check_peer(dest, size_, "send", "destination");
   LOOM_CHECK(tag >= 0, "send: negative tag " + std::to_string(tag));
   trace::Span span(trace::Kind::Comm, "send", n * kF32, dest);
+  const InFlight watch("send", n * kF32, this);
   do_send(buf, n, dest, tag);
   count(n * kF32);
 }
@@ -135,6 +146,7 @@ void Communicator::recv(float* buf, int64_t n, int src, int tag) {
   check_peer(src, size_, "recv", "source");
   LOOM_CHECK(tag >= 0, "recv: negative tag " + std::to_string(tag));
   trace::Span span(trace::Kind::Comm, "recv", n * kF32, src);
+  const InFlight watch("recv", n * kF32, this);
   do_recv(buf, n, src, tag);
   count(0);
 }
@@ -161,6 +173,7 @@ Request Communicator::irecv(float* buf, int64_t n, int src, int tag) {
 
 void Communicator::barrier() {
   trace::Span span(trace::Kind::Comm, "barrier", 0);
+  const InFlight watch("barrier", 0, this);
   do_barrier();
   count(0);
 }
@@ -169,6 +182,7 @@ void Communicator::all_to_all_counts(const int64_t* send, int64_t* recv, int64_t
   check_count(n_per_rank, "all_to_all_counts");
   constexpr int64_t kI64 = sizeof(int64_t);
   trace::Span span(trace::Kind::Comm, "all_to_all_counts", size_ * n_per_rank * kI64);
+  const InFlight watch("all_to_all_counts", size_ * n_per_rank * kI64, this);
   do_all_to_all_counts(send, recv, n_per_rank);
   count((size_ - 1) * n_per_rank * kI64);
 }
@@ -183,6 +197,7 @@ void Communicator::all_to_all(const float* send, const int64_t* send_counts, flo
     if (r != rank_) away += send_counts[r];
   }
   trace::Span span(trace::Kind::Comm, "all_to_all", total * kF32);
+  const InFlight watch("all_to_all", total * kF32, this);
   do_all_to_all(send, send_counts, recv, recv_counts);
   count(away * kF32);
 }
@@ -190,6 +205,7 @@ void Communicator::all_to_all(const float* send, const int64_t* send_counts, flo
 void Communicator::all_reduce_max(double* buf, int64_t n) {
   check_count(n, "all_reduce_max");
   trace::Span span(trace::Kind::Comm, "all_reduce_max", n * kF64);
+  const InFlight watch("all_reduce_max", n * kF64, this);
   do_all_reduce_max(buf, n);
   count(all_reduce_bytes(n * kF64));
 }
@@ -197,6 +213,7 @@ void Communicator::all_reduce_max(double* buf, int64_t n) {
 void Communicator::all_reduce_sum(double* buf, int64_t n) {
   check_count(n, "all_reduce_sum");
   trace::Span span(trace::Kind::Comm, "all_reduce_sum", n * kF64);
+  const InFlight watch("all_reduce_sum", n * kF64, this);
   do_all_reduce_sum(buf, n);
   count(all_reduce_bytes(n * kF64));
 }
@@ -443,7 +460,19 @@ std::unique_ptr<MpiComm> MpiComm::adopt(std::unique_ptr<Handle> handle) {
   int rank = 0, size = 0;
   check_mpi(MPI_Comm_rank(comm, &rank), "Comm_rank");
   check_mpi(MPI_Comm_size(comm, &size), "Comm_size");
-  return std::unique_ptr<MpiComm>(new MpiComm(std::move(handle), rank, size));
+  std::unique_ptr<MpiComm> c(new MpiComm(std::move(handle), rank, size));
+  // The members' world ranks, for the watchdog's report.
+  MPI_Group group, world;
+  check_mpi(MPI_Comm_group(comm, &group), "Comm_group");
+  check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world), "Comm_group");
+  std::vector<int> mine(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) mine[r] = r;
+  c->world_ranks_.resize(static_cast<size_t>(size));
+  check_mpi(MPI_Group_translate_ranks(group, size, mine.data(), world, c->world_ranks_.data()),
+            "Group_translate_ranks");
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  return c;
 }
 
 std::unique_ptr<MpiComm> MpiComm::world() {

@@ -13,10 +13,13 @@
 #include <cstdint>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "loom/kernels/cpu/bf16.h"
 
 namespace loom::dist {
+
+class Communicator;
 
 // Every public call below is also a trace span (util/trace.h: the call's name, its payload
 // in bytes: the whole buffer reduced, gathered or broadcast, or the message; the peer of a
@@ -69,6 +72,7 @@ class Request {
   const char* op_ = "";
   int64_t bytes_ = 0;
   int peer_ = -1;
+  const Communicator* comm_ = nullptr;  // for the watchdog (dist/watchdog.h)
 };
 
 class Communicator {
@@ -78,6 +82,8 @@ class Communicator {
   Communicator& operator=(const Communicator&) = delete;
 
   int rank() const { return rank_; }
+  // The members' ranks in the world communicator, by rank here (for the watchdog's report).
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
   int size() const { return size_; }
 
   // Blocking collectives. n, n_per_rank >= 0.
@@ -143,6 +149,7 @@ class Communicator {
 
  protected:
   Communicator(int rank, int size);
+  std::vector<int> world_ranks_;  // set by the engine (world_ranks())
 
   // The engine's side: arguments are already checked (counts >= 0, ranks in range, tag >= 0);
   // the caller counts the call in stats when it returns.
@@ -174,7 +181,7 @@ class Communicator {
     stats_.collectives += 1;
   }
   // Names a non-blocking call's Request for the trace of its wait.
-  static Request named(Request req, const char* op, int64_t bytes, int peer = -1);
+  Request named(Request req, const char* op, int64_t bytes, int peer = -1) const;
   int64_t all_reduce_bytes(int64_t payload_bytes) const;
   // reduce_scatter / all_gather of n_per_rank elements of `elem` bytes
   int64_t ring_bytes(int64_t n_per_rank, int64_t elem = sizeof(float)) const;

@@ -191,6 +191,7 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
              "communication_data_type",
              "peft",
              "checkpoint_interval",
+             "comm_timeout_s",
              "resume_from",
              "tensor_parallel",
              "pipeline_parallel",
@@ -479,6 +480,9 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
                rm.key("bias_update_rate") + " must be >= 0 (0: the correction bias stays)");
   }
   c.checkpoint_interval = r.integer(j, "checkpoint_interval", 0, 0);
+  c.comm_timeout_s = r.number(j, "comm_timeout_s", c.comm_timeout_s);
+  LOOM_CHECK(c.comm_timeout_s >= 0.0,
+             where + ": config key 'comm_timeout_s' must be >= 0 (0: off)");
   c.resume_from = r.string(j, "resume_from", "");
   // Mixed precision (DeepSpeed's keys and defaults; see config.h).
   bool enabled[2] = {false, false};

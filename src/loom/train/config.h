@@ -87,8 +87,11 @@ struct TrainConfig {
   // mixture-of-experts model split over (nn/moe.h); 1: every rank runs every expert.
   int expert_parallel = 1;
   int64_t checkpoint_interval = 0;  // steps between checkpoints (0: only the final one)
-  std::string resume_from;          // a checkpoint folder to continue from
-  nlohmann::json raw;               // the resolved JSON, saved beside the outputs
+  // A rank waiting longer than this in one collective or point-to-point call ends the job,
+  // naming the call and the ranks that did not arrive (dist/watchdog.h); 0: no watchdog.
+  double comm_timeout_s = 1800.0;
+  std::string resume_from;  // a checkpoint folder to continue from
+  nlohmann::json raw;       // the resolved JSON, saved beside the outputs
 };
 
 // Applies one `--set key.path=value` override; value is parsed as JSON when it is valid

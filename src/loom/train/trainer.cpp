@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "loom/dist/job_trace.h"
+#include "loom/dist/watchdog.h"
 #include "loom/io/hf_checkpoint.h"
 #include "loom/io/model_loader.h"
 #include "loom/io/peft_adapter.h"
@@ -595,6 +596,28 @@ void Trainer::run() {
     metrics.flush();
   };
   const bool tty = ::isatty(fileno(stderr));
+  // The comm watchdog (dist/watchdog.h) for the run; its reports go to output_dir/.watchdog.
+  const fs::path watchdog_dir = out / ".watchdog";
+  struct Watchdog {
+    bool on = false, lead = false;
+    fs::path dir;
+    ~Watchdog() {  // (a watchdog that fired ended the process: its reports stay)
+      if (!on) return;
+      dist::stop_watchdog();
+      std::error_code ec;
+      if (lead) fs::remove_all(dir, ec);
+    }
+  } watchdog{false, lead, watchdog_dir};
+  if (mesh_->world().size() > 1 && cfg_.comm_timeout_s > 0) {
+    if (lead) {
+      fs::remove_all(watchdog_dir);
+      fs::create_directories(watchdog_dir);
+    }
+    mesh_->world().barrier();
+    dist::start_watchdog(cfg_.comm_timeout_s, watchdog_dir, mesh_->world().rank(),
+                         mesh_->world().size());
+    watchdog.on = true;
+  }
   nn::ParamStore& ps = model_->params();
   // Under pipeline parallelism rank 0 speaks for the first stage.
   const std::string pipe =
