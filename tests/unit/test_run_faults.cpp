@@ -14,6 +14,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <random>
 #include <thread>
 
 #include "common/ref_python.h"
@@ -269,6 +270,95 @@ TEST(StopSignal, SigtermSavesAResumableCheckpointOnEveryRank) {
   for (const auto& [step, loss] : after) EXPECT_EQ(loss, whole.at(step)) << "step " << step;
   EXPECT_EQ(tensors_of(tmp.path / "resumed" / "checkpoint-final" / "model.safetensors"),
             tensors_of(tmp.path / "whole" / "checkpoint-final" / "model.safetensors"));
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+// kill -9 at random moments of a run that saves a checkpoint after every step (so most of
+// its time goes into writing them), 20 times, on one process and on two ranks alternately:
+// every checkpoint-<n> folder left behind loads, and the latest resumes exactly (its next
+// two steps' losses equal those of an uninterrupted run of the same layout). Checkpoints
+// are written into checkpoint-<n>.tmp and renamed when complete, so a kill leaves either
+// the whole folder or only the .tmp one.
+TEST(CrashSafety, KillDuringCheckpointWritesLeavesOnlyCheckpointsThatResume) {
+  test::TempDir tmp;
+  nlohmann::json c = tiny_job(tmp.path, 60);
+  c["zero_optimization"] = {{"stage", 1}};
+  auto command = [&](int ranks, const fs::path& cfg) {
+    return test::loom_binary() + (ranks == 1 ? " train " : " launch -n 2 -- train ") + cfg.string();
+  };
+  std::map<int, std::map<int64_t, double>> reference;  // by rank count
+  for (int ranks : {1, 2}) {
+    const std::string name = "reference" + std::to_string(ranks);
+    auto [code, out] = test::run_command(command(ranks, write_job(tmp.path, name, c)));
+    ASSERT_EQ(code, 0) << out;
+    reference[ranks] = losses_by_step(tmp.path / name / "metrics.jsonl");
+  }
+  c["checkpoint_interval"] = 1;
+  std::mt19937 rng(17);
+  int resumed = 0, mid_write = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    const int ranks = 1 + trial % 2;
+    const std::string name = "trial" + std::to_string(trial);
+    const fs::path cfg = write_job(tmp.path, name, c);
+    const std::string cmd =
+        "exec " + command(ranks, cfg) + " > " + (tmp.path / (name + ".log")).string() + " 2>&1";
+    pid_t pid = 0;
+    const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+    ASSERT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+    ASSERT_TRUE(wait_for_steps(tmp.path / name / "metrics.jsonl", 1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 600));
+    if (ranks == 1) {
+      ::kill(pid, SIGKILL);
+    } else {
+      const std::map<int, pid_t> pids = rank_pids(cfg);
+      if (!pids.empty()) ::kill(pids.at(static_cast<int>(rng() % pids.size())), SIGKILL);
+    }
+    wait_for(pid, 30);
+    // mpirun is gone; so must its ranks be before the folder is read (one may still be
+    // dying in the middle of a rename).
+    for (int i = 0; i < 200 && !rank_pids(cfg).empty(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_TRUE(rank_pids(cfg).empty()) << name << ": a rank outlived mpirun";
+    int64_t latest = -1;
+    for (const auto& e : fs::directory_iterator(tmp.path / name)) {
+      const std::string dir = e.path().filename().string();
+      if (dir.starts_with("checkpoint-") && dir.ends_with(".tmp")) ++mid_write;
+      if (!dir.starts_with("checkpoint-") || dir.ends_with(".tmp")) continue;
+      const std::string num = dir.substr(11);  // checkpoint-final: the run ended first
+      const int64_t n =
+          num.find_first_not_of("0123456789") == std::string::npos ? std::stoll(num) : 60;
+      latest = std::max(latest, n);
+      // Loads: weights, optimizer state and trainer state, on one process (the same global
+      // batch: accumulation times the ranks).
+      nlohmann::json r = c;
+      r["resume_from"] = e.path().string();
+      r["gradient_accumulation_steps"] = 2 * ranks;
+      EXPECT_NO_THROW(train::Trainer(train::parse_config(r, "test", 1))) << e.path();
+    }
+    if (latest < 1 || latest + 2 > 60) continue;  // killed before the first save, or done
+    nlohmann::json r = c;
+    r.erase("checkpoint_interval");
+    r["resume_from"] = (tmp.path / name / ("checkpoint-" + std::to_string(latest))).string();
+    r["train_steps"] = latest + 2;
+    const std::string again = name + "-resumed";
+    auto [code, out] = test::run_command(command(ranks, write_job(tmp.path, again, r)));
+    ASSERT_EQ(code, 0) << out;
+    const auto after = losses_by_step(tmp.path / again / "metrics.jsonl");
+    ASSERT_EQ(after.size(), 2u) << name;
+    for (const auto& [step, loss] : after)
+      EXPECT_EQ(loss, reference[ranks].at(step)) << name << ", step " << step;
+    ++resumed;
+  }
+  EXPECT_GE(resumed, 10) << "too few trials left a checkpoint to resume";
+  std::printf(
+      "[ crash  ] 20 kills: %d inside a checkpoint write (a .tmp folder left), %d "
+      "latest checkpoints resumed exactly\n",
+      mid_write, resumed);
 }
 
 }  // namespace
