@@ -97,14 +97,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// `loom launch -n 2 -- train` in the background (its own output in `log`).
-pid_t spawn_launch(const fs::path& cfg, const fs::path& log) {
-  const std::string cmd = "exec " + test::loom_binary() + " launch -n 2 -- train " + cfg.string() +
-                          " > " + log.string() + " 2>&1";
+// `cmd` in the background through /bin/sh, its output in `log`.
+pid_t spawn(const std::string& cmd, const fs::path& log) {
+  const std::string line = "exec " + cmd + " > " + log.string() + " 2>&1";
   pid_t pid = 0;
-  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  const char* argv[] = {"/bin/sh", "-c", line.c_str(), nullptr};
   EXPECT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
   return pid;
+}
+
+// `loom launch -n 2 -- train CFG` in the background.
+pid_t spawn_launch(const fs::path& cfg, const fs::path& log) {
+  return spawn(test::loom_binary() + " launch -n 2 -- train " + cfg.string(), log);
 }
 
 // metrics.jsonl's step losses (by step) and its "stopped" step, if any.
@@ -305,11 +309,7 @@ TEST(CrashSafety, KillDuringCheckpointWritesLeavesOnlyCheckpointsThatResume) {
     const int ranks = 1 + trial % 2;
     const std::string name = "trial" + std::to_string(trial);
     const fs::path cfg = write_job(tmp.path, name, c);
-    const std::string cmd =
-        "exec " + command(ranks, cfg) + " > " + (tmp.path / (name + ".log")).string() + " 2>&1";
-    pid_t pid = 0;
-    const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
-    ASSERT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+    const pid_t pid = spawn(command(ranks, cfg), tmp.path / (name + ".log"));
     ASSERT_TRUE(wait_for_steps(tmp.path / name / "metrics.jsonl", 1));
     std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 600));
     if (ranks == 1) {
