@@ -15,7 +15,7 @@ FUZZ_TIMEOUT ?= 30
 # Which targets to run (fuzz/fuzz_NAME.cpp), e.g. `make fuzz FUZZ_TARGETS=gguf`.
 FUZZ_TARGETS ?= $(patsubst fuzz/fuzz_%.cpp,%,$(wildcard fuzz/fuzz_*.cpp))
 
-.PHONY: all deps build build-asan demo demo-gpt2 test test-asan bench bench-tp bench-moe bench-pp bench-plan bench-gemm bench-ckpt \
+.PHONY: all deps build build-loom build-asan demo demo-gpt2 test test-asan bench bench-tp bench-moe bench-pp bench-plan bench-gemm bench-ckpt \
   fixtures check-demo-checkpoint fuzz fuzz-smoke format clean
 
 all: build
@@ -27,6 +27,12 @@ build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release > /dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
+# Only the `loom` program (what the demos run): a fresh machine's first `make demo` does not
+# wait for the test and benchmark binaries.
+build-loom: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release > /dev/null
+	@cmake --build $(BUILD) -j $(JOBS) --target loom
+
 build-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=ON > /dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target loom loom_unit_tests test_collectives \
@@ -36,11 +42,11 @@ build-asan: deps
 # The worked example: LoRA fine-tuning of SmolLM2-135M-Instruct (GGUF Q4_1 base kept
 # quantized) on ../shared/data/zh_dialogue.json, then Chinese prompts answered by the base
 # model and by the tuned one (scripts/demo.sh).
-demo: build
+demo: build-loom
 	OMP_NUM_THREADS=2 bash scripts/demo.sh $(BUILD)
 
 # The earlier demo: a small GPT-2 trained from scratch on the wiki text, then sampled.
-demo-gpt2: build
+demo-gpt2: build-loom
 	OMP_NUM_THREADS=2 $(BUILD)/loom train configs/demo-gpt2-wiki.json
 	OMP_NUM_THREADS=2 $(BUILD)/loom generate --model out/demo-gpt2-wiki/checkpoint-final \
 	  --prompt "The history of " --max-tokens 300 --temperature 0.8 --top-k 40
@@ -49,6 +55,7 @@ demo-gpt2: build
 # collectives again under AddressSanitizer + UBSan, then the fuzz targets built with clang
 # and run briefly (fuzz-smoke), so a change that breaks them fails here and in CI.
 test: build build-asan
+	@bash scripts/install_deps.sh --test
 	@bash scripts/fetch_default_model.sh > /dev/null
 	cd $(BUILD) && OMP_NUM_THREADS=2 ctest --output-on-failure --timeout 600
 	$(MAKE) --no-print-directory test-asan

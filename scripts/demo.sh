@@ -11,6 +11,8 @@ build=${1:-build}
 gguf=$(bash scripts/fetch_default_model.sh)
 out=out/sft-smollm2-zh-lora
 "$build/loom" launch -n "${RANKS:-2}" -- train configs/sft-smollm2-zh-lora.json --set "output_dir=$out"
+# The run on one page (curves, memory per rank, config): open $out/report.html in a browser.
+"$build/loom" report "$out"
 prompts=(
   "用一句话解释什么是人工智能。"
   "列出三种保持健康的方法。"

@@ -6,7 +6,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,23 @@ struct TempDir {
     std::filesystem::remove_all(path, ec);
   }
 };
+
+// The tiny GPT-2 the run-level tests train: 2 layers, width 32, 4 heads, a byte vocabulary.
+inline nlohmann::json tiny_gpt2_json() {
+  return {{"arch", "gpt2"}, {"n_layer", 2},      {"n_embd", 32},
+          {"n_head", 4},    {"vocab_size", 256}, {"n_positions", 32}};
+}
+
+// `n` prompt/response records (small sums), one JSON object per line.
+inline void write_sft_jsonl(const std::filesystem::path& file, int n) {
+  std::ofstream f(file);
+  for (int i = 0; i < n; ++i)
+    f << nlohmann::json{{"prompt", "what is " + std::to_string(i % 17) + " plus " +
+                                       std::to_string(i % 5) + "?"},
+                        {"response", "it is " + std::to_string(i % 17 + i % 5) + "."}}
+             .dump()
+      << "\n";
+}
 
 // ||a - b|| / ||b||
 inline double rel_err(const float* a, const float* b, int64_t n) {

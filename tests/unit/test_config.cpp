@@ -64,6 +64,30 @@ TEST(Config, UnknownKeysAreErrorsNamingThePath) {
   EXPECT_NE(error_of(j).find("scheduler.params.warmup_steps"), std::string::npos);
 }
 
+// DeepSpeed's monitor sections: their keys, defaults and where the files go.
+TEST(Config, MonitorSections) {
+  json j = base();
+  j["output_dir"] = "run";
+  j["tensorboard"] = {{"enabled", true}};
+  j["csv_monitor"] = {{"enabled", true}, {"output_path", "logs"}, {"job_name", "sft"}};
+  const train::TrainConfig c = train::parse_config(j, "cfg.json", 1);
+  EXPECT_TRUE(c.tensorboard.enabled);
+  EXPECT_EQ(c.tensorboard.dir(c.output_dir), std::filesystem::path("run/DeepSpeedJobName"));
+  EXPECT_EQ(c.csv_monitor.dir(c.output_dir), std::filesystem::path("logs/sft"));
+  j["tensorboard"]["flush_secs"] = 5;
+  EXPECT_NE(error_of(j).find("unknown config key 'tensorboard.flush_secs'"), std::string::npos)
+      << error_of(j);
+  j = base();
+  j["csv_monitor"] = {{"enabled", "yes"}};
+  EXPECT_NE(error_of(j).find("'csv_monitor.enabled'"), std::string::npos) << error_of(j);
+  j["csv_monitor"] = {{"enabled", true}, {"job_name", "a/b"}};
+  EXPECT_NE(error_of(j).find("'csv_monitor.job_name' must be a folder name"), std::string::npos)
+      << error_of(j);
+  j = base();
+  j["wandb"] = {{"enabled", true}};
+  EXPECT_NE(error_of(j).find("unknown config key 'wandb'"), std::string::npos) << error_of(j);
+}
+
 // activation_checkpointing: Megatron's granularity / method / num_layers.
 TEST(Config, ActivationCheckpointing) {
   using G = models::ActivationCheckpointing::Granularity;

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -37,6 +38,7 @@
 #include "loom/train/config.h"
 #include "loom/train/data_report.h"
 #include "loom/train/plan.h"
+#include "loom/train/report.h"
 #include "loom/train/trainer.h"
 #include "loom/train/verify.h"
 #include "loom/util/error.h"
@@ -65,6 +67,9 @@ constexpr const char* kUsage =
     "     --temperature F (0: greedy) --top-k K --top-p P --seed S --tokenizer auto|bytes|model\n"
     "     --dtype fp32|bf16|fp16 (matrices held and multiplied in 16 bits; fp32 default)\n"
     "     a PEFT adapter folder as PATH loads its base model too (or --base BASE)\n"
+    "  loom report RUN_DIR [RUN_DIR ...] [--out FILE.html]   (one HTML page: loss, eval loss,\n"
+    "     lr, gradient norm, tokens/s, memory per rank, config; several runs overlaid;\n"
+    "     default FILE: the first RUN_DIR/report.html)\n"
     "  loom forward --model PATH (--ids 1,2,3 | --text TEXT) --out FILE.safetensors\n"
     "  loom export --model PATH [--base BASE] --merge --out DIR [--dtype fp32|bf16]   (HF folder,\n"
     "      adapter merged; weights stored fp32 or bf16)\n";
@@ -225,6 +230,17 @@ int cmd_launch(int argc, char** argv) {
 // loom plan CONFIG --world N: bytes per rank for each ZeRO stage (and pipeline stage), from
 // the model's shapes alone (no weights read, nothing trained); with --memory-per-rank GIB,
 // the layouts of N ranks that fit, fastest first.
+int cmd_report(const Args& a) {
+  a.only({"--out"});
+  if (a.positional.empty()) throw UsageError("report takes one or more run folders");
+  std::vector<std::filesystem::path> runs(a.positional.begin(), a.positional.end());
+  const std::filesystem::path out =
+      a.get("--out") ? std::filesystem::path(*a.get("--out")) : runs[0] / "report.html";
+  loom::train::write_report(runs, out);
+  std::fprintf(stderr, "loom: wrote %s\n", out.string().c_str());
+  return 0;
+}
+
 int cmd_plan(const Args& a) {
   a.only({"--world", "--set", "--memory-per-rank"});
   if (a.positional.size() != 1) throw UsageError("plan takes one CONFIG.json");
@@ -428,6 +444,9 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
+  // Past a file-size limit (ulimit -f) a write fails with EFBIG and the error names the file;
+  // SIGXFSZ's default would end the process without a word.
+  std::signal(SIGXFSZ, SIG_IGN);
   const std::string cmd = argv[1];
   try {
     if (cmd == "launch") return cmd_launch(argc, argv);
@@ -440,6 +459,7 @@ int main(int argc, char** argv) {
     if (cmd == "plan") return cmd_plan(a);
     if (cmd == "verify") return cmd_verify(a);
     if (cmd == "data") return cmd_data(a);
+    if (cmd == "report") return cmd_report(a);
     throw UsageError("unknown command '" + cmd + "'");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "loom: %s\n%s", e.what(), kUsage);

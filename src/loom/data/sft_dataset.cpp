@@ -8,6 +8,7 @@
 #include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/tensor/rng.h"
 #include "loom/util/error.h"
+#include "loom/util/progress.h"
 
 namespace loom::data {
 
@@ -109,7 +110,9 @@ std::unique_ptr<SftDataset> SftDataset::build(const std::vector<Conversation>& c
     row_pos.clear();
     ++ds->rows_;
   };
+  Progress progress(o.progress_label, static_cast<int64_t>(convs.size()));
   for (const Conversation& c : convs) {
+    progress.update(st.conversations);
     ++st.conversations;
     bool truncated = false;
     Tokenized tk = tokenize(c, encode, o, &truncated);

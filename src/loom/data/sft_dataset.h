@@ -29,6 +29,7 @@ struct SftOptions {
   ChatTemplate chat_template = ChatTemplate::Plain;
   TemplateOptions template_options;
   int32_t pad_id = 0;
+  std::string progress_label = "tokenizing";  // util/progress.h, on a terminal
 };
 
 struct SftStats {

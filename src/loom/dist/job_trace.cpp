@@ -7,9 +7,11 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "loom/util/atomic_write.h"
 #include "loom/util/error.h"
 #include "loom/util/trace.h"
 
@@ -147,18 +149,9 @@ void write_job_trace(ProcessMesh& mesh, const fs::path& path) {
       std::fprintf(stderr, "loom: trace: rank %zu recorded more than %lld spans; %lld dropped\n", r,
                    static_cast<long long>(trace::kMaxEvents), ranks[r][0].get<long long>());
   if (path.has_parent_path()) fs::create_directories(path.parent_path());
-  const fs::path tmp = path.string() + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    write_chrome(out, ranks, mesh.shape());
-    out.flush();
-    if (!out.good()) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw Error(path.string() + ": cannot write the trace");
-    }
-  }
-  fs::rename(tmp, path);
+  std::ostringstream out;
+  write_chrome(out, ranks, mesh.shape());
+  write_file_atomically(path, out.str());
 }
 
 }  // namespace loom::dist

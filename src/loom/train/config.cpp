@@ -182,6 +182,8 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
              "gradient_clipping",
              "steps_per_print",
              "wall_clock_breakdown",
+             "tensorboard",
+             "csv_monitor",
              "no_decay",
              "eval_interval",
              "zero_optimization",
@@ -391,6 +393,18 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
   c.steps_per_print = r.integer(j, "steps_per_print", 10, 1);
   c.eval_interval = r.integer(j, "eval_interval", 0, 0);
   c.wall_clock_breakdown = r.boolean(j, "wall_clock_breakdown", false);
+  for (auto [name, m] :
+       {std::pair{"tensorboard", &c.tensorboard}, std::pair{"csv_monitor", &c.csv_monitor}}) {
+    if (!j.contains(name)) continue;
+    const Reader rm{where, std::string(name) + "."};
+    rm.only(j[name], {"enabled", "output_path", "job_name"});
+    m->enabled = rm.boolean(j[name], "enabled", false);
+    m->output_path = rm.string(j[name], "output_path", "");
+    m->job_name = rm.string(j[name], "job_name", m->job_name);
+    LOOM_CHECK(!m->job_name.empty() && m->job_name.find('/') == std::string::npos &&
+                   m->job_name != "." && m->job_name != "..",
+               rm.key("job_name") + " must be a folder name ('" + m->job_name + "' is not)");
+  }
   if (r.boolean(j, "trace", false))
     c.trace_path = (std::filesystem::path(c.output_dir) / "trace.json").string();
 

@@ -44,6 +44,17 @@ struct DataConfig {
   std::string cache_dir;          // tokenized-data cache; empty: ~/.cache/loom/tokenized
 };
 
+// DeepSpeed's "tensorboard" and "csv_monitor" sections (train/monitor.h): files go to
+// output_path/job_name; an empty output_path means the run's output_dir.
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path;
+  std::string job_name = "DeepSpeedJobName";  // DeepSpeed's default
+  std::filesystem::path dir(const std::string& output_dir) const {
+    return std::filesystem::path(output_path.empty() ? output_dir : output_path) / job_name;
+  }
+};
+
 struct TrainConfig {
   nlohmann::json model;  // a path string, or {"path", "keep_quantized"}, or {"arch", sizes...}
   // PEFT: the method to attach, or (peft_from) a saved adapter folder to train further.
@@ -60,6 +71,7 @@ struct TrainConfig {
   int64_t steps_per_print = 10;
   int64_t eval_interval = 0;  // steps between validation passes (0: only at the end)
   bool wall_clock_breakdown = false;
+  MonitorConfig tensorboard, csv_monitor;
   // The schedule trace's file (dist/job_trace.h); empty: off. "trace": true in the config
   // means output_dir/trace.json; `loom train --trace FILE` sets it directly.
   std::string trace_path;

@@ -165,6 +165,7 @@ TrainData build_source(const DataConfig& cfg, const DataSource& src, const std::
   o.template_options.eos_text = codec.eos_text;
   o.template_options.train_on_prompt = cfg.train_on_prompt;
   o.pad_id = codec.pad_id;
+  o.progress_label = "tokenizing " + fs::path(src.path).filename().string();
   for (const data::Conversation& c : train) {
     if (!data::uses_tools(c) || data::renders_tools(o.chat_template)) continue;
     throw Error(

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "loom/dist/job_trace.h"
@@ -26,9 +27,11 @@
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/pipeline_schedule.h"
 #include "loom/train/checkpoint.h"
+#include "loom/train/monitor.h"
 #include "loom/util/error.h"
 #include "loom/util/path.h"
 #include "loom/util/profile.h"
+#include "loom/util/progress.h"
 #include "loom/util/stop_signals.h"
 #include "loom/util/trace.h"
 
@@ -58,6 +61,16 @@ std::string scale_str(const StepStats& st) {
   std::snprintf(buf, sizeof buf, "  scale %g%s", st.loss_scale,
                 st.skipped ? " (overflow: skipped)" : "");
   return buf;
+}
+
+// Resident memory now (/proc/self/statm's second field, in pages); 0 where unreadable.
+int64_t current_rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long long size = 0, resident = 0;
+  const int got = std::fscanf(f, "%lld %lld", &size, &resident);
+  std::fclose(f);
+  return got == 2 ? resident * ::sysconf(_SC_PAGESIZE) : 0;
 }
 
 int64_t peak_rss_bytes() {
@@ -141,6 +154,8 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
     mesh = own_mesh_.get();
   }
   mesh_ = mesh;
+  // Progress bars (tokenizing, evaluation) on rank 0's terminal; logs keep plain lines.
+  Progress::enable(mesh->world().rank() == 0 && ::isatty(fileno(stderr)));
   LOOM_CHECK(mesh->shape().tp == cfg.tensor_parallel && mesh->shape().pp == cfg.pipeline.size &&
                  mesh->shape().dp == cfg.data_parallel,
              "internal: the process mesh (dp " + std::to_string(mesh->shape().dp) + ", tp " +
@@ -491,7 +506,9 @@ double Trainer::evaluate() {
   // sample order, so the reduction does not depend on the layout or the batch size.
   const int64_t batches = (valid_->size() + B - 1) / B, N = dp_->size();
   std::vector<double> slots(2 * valid_->size(), 0.0);  // [sample][loss sum, target count]
+  Progress progress("evaluating", (batches + N - 1) / N);
   for (int64_t k = dp_->rank(); k < (batches + N - 1) / N * N; k += N) {
+    progress.update(k / N);
     const int64_t first = k * B, b = k < batches ? std::min(B, valid_->size() - first) : 1;
     Tensor ids = Tensor::zeros({b, T}, DType::I32), tg = Tensor::zeros({b, T}, DType::I32);
     Tensor pos = valid_->packed() ? Tensor::zeros({b, T}, DType::I32) : Tensor();
@@ -580,20 +597,17 @@ void Trainer::run() {
   // Rank 0 speaks and writes the metrics; every rank trains and takes part in saving.
   const bool lead = mesh_->world().rank() == 0;
   const fs::path out = cfg_.output_dir;
-  std::ofstream metrics;
+  std::optional<Monitor> monitor;  // metrics.jsonl, TensorBoard, csv_monitor (train/monitor.h)
   if (lead) {
     fs::create_directories(out);
-    std::ofstream(out / "loom_config.json") << cfg_.raw.dump(2) << "\n";
-    metrics.open(out / "metrics.jsonl", std::ios::trunc);
-    LOOM_CHECK(metrics.good(), (out / "metrics.jsonl").string() + ": cannot write");
+    io::write_json_file(out / "loom_config.json", cfg_.raw);
+    monitor.emplace(cfg_, step_);
   }
   auto say = [&](const char* fmt, auto... args) {
     if (lead) std::fprintf(stderr, fmt, args...);
   };
   auto record = [&](const nlohmann::json& row) {
-    if (!lead) return;
-    metrics << row.dump() << "\n";
-    metrics.flush();
+    if (lead) monitor->record(row);
   };
   const bool tty = ::isatty(fileno(stderr));
   // The comm watchdog (dist/watchdog.h) for the run; its reports go to output_dir/.watchdog.
@@ -640,6 +654,26 @@ void Trainer::run() {
       pipe.c_str(), cfg_.zero.stage, ckpt.c_str(), static_cast<long long>(cfg_.train_steps),
       step_ > 0 ? (", resuming after step " + std::to_string(step_)).c_str() : "");
   if (!data_summary_.empty()) say("data: %s\n", data_summary_.c_str());
+  record({{"run",
+           {{"arch", model_->arch()},
+            {"peft", cfg_.peft.enabled() ? cfg_.peft.method : ""},
+            {"params", ps.numel()},
+            {"trainable_params", ps.trainable_numel()},
+            {"samples", data_->size()},
+            {"seq_len", cfg_.data.seq_len},
+            {"data", data_summary_},
+            {"train_batch", cfg_.train_batch},
+            {"micro_batch", cfg_.micro_batch},
+            {"grad_accum", cfg_.grad_accum},
+            {"train_steps", cfg_.train_steps},
+            {"world_size", mesh_->world().size()},
+            {"data_parallel", dp_->size()},
+            {"tensor_parallel", cfg_.tensor_parallel},
+            {"pipeline_parallel", cfg_.pipeline.size},
+            {"expert_parallel", cfg_.expert_parallel},
+            {"zero_stage", cfg_.zero.stage},
+            {"precision", cfg_.zero.half ? kernels::half_name(*cfg_.zero.half) : "fp32"},
+            {"resumed_after_step", step_}}}});
   if (cfg_.zero.half) {
     const bool bf = *cfg_.zero.half == kernels::Half::bf16;
     std::string scale;
@@ -686,6 +720,13 @@ void Trainer::run() {
     if (step_ == first_step + 1) mem.activations = storage_stats().peak_bytes - live_before;
     elapsed += st.seconds;
     const double tok_s = st.tokens / st.seconds;
+    // One small all-reduce after each step: any rank's stop request (SIGTERM, SIGINT,
+    // SIGUSR1; slot 0) and every rank's resident memory (slot 1 + rank).
+    const int world = mesh_->world().size();
+    std::vector<double> shared(1 + world, 0.0);
+    shared[0] = StopSignals::signal_number();
+    shared[1 + mesh_->world().rank()] = static_cast<double>(current_rss_bytes());
+    mesh_->world().all_reduce_max(shared.data(), 1 + world);
     nlohmann::json row = {{"step", st.step + 1},
                           {"loss", st.loss},
                           {"lr", st.lr},
@@ -694,7 +735,8 @@ void Trainer::run() {
                           {"target_tokens", st.target_tokens},
                           {"step_seconds", st.seconds},
                           {"comm_bytes_sent", sent},  // by this rank (rank 0), algorithmic volume
-                          {"epoch", sampler_->epoch_of(st.step)}};
+                          {"epoch", sampler_->epoch_of(st.step)},
+                          {"rss_bytes", std::vector<double>(shared.begin() + 1, shared.end())}};
     if (!st.expert_load.empty()) {  // per MoE layer: routed tokens per expert, the bias
       nlohmann::json m;
       for (const optim::ExpertLoad& l : st.expert_load) {
@@ -734,9 +776,8 @@ void Trainer::run() {
       save_checkpoint(out / ("checkpoint-" + std::to_string(step_)));
       say("loom: saved %s\n", (out / ("checkpoint-" + std::to_string(step_))).string().c_str());
     }
-    // A stop request on any rank stops every rank after this step (one small all-reduce).
-    double stop = StopSignals::signal_number();
-    mesh_->world().all_reduce_max(&stop);
+    // A stop request on any rank stops every rank after this step.
+    const double stop = shared[0];
     if (stop > 0 && step_ < cfg_.train_steps) {
       const fs::path ck = out / ("checkpoint-" + std::to_string(step_));
       if (!saved) save_checkpoint(ck);
