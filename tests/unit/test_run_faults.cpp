@@ -171,13 +171,7 @@ nlohmann::json tiny_job(const fs::path& dir, int64_t steps) {
     std::ofstream text(dir / "data.txt");
     for (int i = 0; i < 400; ++i) text << "rank " << i % 13 << " saves; the run resumes. ";
   }
-  return {{"model",
-           {{"arch", "gpt2"},
-            {"n_layer", 2},
-            {"n_embd", 32},
-            {"n_head", 4},
-            {"vocab_size", 256},
-            {"n_positions", 32}}},
+  return {{"model", test::tiny_gpt2_json()},
           {"data",
            {{"path", (dir / "data.txt").string()},
             {"format", "text"},
@@ -359,6 +353,92 @@ TEST(CrashSafety, KillDuringCheckpointWritesLeavesOnlyCheckpointsThatResume) {
       "[ crash  ] 20 kills: %d inside a checkpoint write (a .tmp folder left), %d "
       "latest checkpoints resumed exactly\n",
       mid_write, resumed);
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+// The files of a checkpoint folder and their bytes.
+std::map<std::string, std::string> folder_bytes(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::ifstream f(e.path(), std::ios::binary);
+    out[fs::relative(e.path(), dir).string()] =
+        std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  }
+  return out;
+}
+
+// A checkpoint write that fails on a file-size limit (a quota, `ulimit -f`): the run ends
+// with exit 1 naming the file and the reason, no checkpoint-4 nor its .tmp folder is left,
+// the step-2 checkpoint is untouched and resumes to the uninterrupted run's losses.
+TEST(DiskFault, AFileSizeLimitNamesTheFileAndKeepsThePreviousCheckpoint) {
+  test::TempDir tmp;
+  nlohmann::json c = tiny_job(tmp.path, 4);
+  c["checkpoint_interval"] = 2;
+  auto [code, out] =
+      test::run_command(test::loom_binary() + " train " + write_job(tmp.path, "run", c).string());
+  ASSERT_EQ(code, 0) << out;
+  const auto reference = losses_by_step(tmp.path / "run" / "metrics.jsonl");
+  const fs::path ck2 = tmp.path / "run" / "checkpoint-2";
+  const auto before = folder_bytes(ck2);
+  c["resume_from"] = ck2.string();
+  c["train_steps"] = 6;
+  // 64 KiB: the logs fit, the 136 KiB of weights do not.
+  auto [code2, out2] = test::run_command("prlimit --fsize=65536 " + test::loom_binary() +
+                                         " train " + write_job(tmp.path, "run", c).string());
+  EXPECT_EQ(code2, 1) << out2;
+  EXPECT_NE(out2.find((tmp.path / "run" / "checkpoint-4.tmp").string() + "/"), std::string::npos)
+      << out2;
+  EXPECT_NE(out2.find("write failed: File too large"), std::string::npos) << out2;
+  EXPECT_FALSE(fs::exists(tmp.path / "run" / "checkpoint-4"));
+  EXPECT_FALSE(fs::exists(tmp.path / "run" / "checkpoint-4.tmp")) << "a half-written folder";
+  EXPECT_EQ(folder_bytes(ck2), before);
+  c["train_steps"] = 4;
+  auto [code3, out3] =
+      test::run_command(test::loom_binary() + " train " + write_job(tmp.path, "again", c).string());
+  ASSERT_EQ(code3, 0) << out3;
+  const auto after = losses_by_step(tmp.path / "again" / "metrics.jsonl");
+  ASSERT_EQ(after.size(), 2u);
+  for (const auto& [step, loss] : after) EXPECT_EQ(loss, reference.at(step)) << "step " << step;
+}
+
+// The same with a full disk (a 600 KiB tmpfs holds one checkpoint, not two): the error
+// names the file and ENOSPC. Needs root's mount; skipped with the reason elsewhere.
+TEST(DiskFault, AFullDiskNamesTheFileAndKeepsThePreviousCheckpoint) {
+  test::TempDir tmp;
+  const fs::path disk = tmp.path / "disk";
+  fs::create_directories(disk);
+  if (test::run_command("mount -t tmpfs -o size=600k tmpfs " + disk.string()).first != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  struct Unmount {
+    fs::path dir;
+    ~Unmount() { (void)test::run_command("umount -l " + dir.string()); }
+  } unmount{disk};
+  nlohmann::json c = tiny_job(tmp.path, 6);
+  c["checkpoint_interval"] = 2;
+  c["output_dir"] = (disk / "run").string();
+  io::write_json_file(tmp.path / "full.json", c);
+  auto [code, out] =
+      test::run_command(test::loom_binary() + " train " + (tmp.path / "full.json").string());
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find((disk / "run" / "checkpoint-4.tmp").string() + "/"), std::string::npos) << out;
+  EXPECT_NE(out.find("No space left on device"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(disk / "run" / "checkpoint-4.tmp")) << "a half-written folder";
+  const auto failed = losses_by_step(disk / "run" / "metrics.jsonl");
+  ASSERT_TRUE(failed.count(4)) << "steps 3 and 4 ran before the failed save";
+  c["resume_from"] = (disk / "run" / "checkpoint-2").string();
+  c["train_steps"] = 4;
+  auto [code2, out2] =
+      test::run_command(test::loom_binary() + " train " + write_job(tmp.path, "again", c).string());
+  ASSERT_EQ(code2, 0) << out2;
+  const auto after = losses_by_step(tmp.path / "again" / "metrics.jsonl");
+  ASSERT_EQ(after.size(), 2u);
+  for (const auto& [step, loss] : after) EXPECT_EQ(loss, failed.at(step)) << "step " << step;
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -126,7 +128,8 @@ void write_json(const fs::path& path, const Json& j) {
   }
   std::ofstream out(path);
   out << text;
-  LOOM_CHECK(out.good(), path.string() + ": write failed");
+  out.close();  // a full disk shows when the buffer is written out
+  LOOM_CHECK(!out.fail(), path.string() + ": write failed: " + std::strerror(errno));
 }
 
 }  // namespace

@@ -36,20 +36,12 @@ std::pair<int64_t, int64_t> parse_range(const std::string& s, const std::string&
   }
 }
 
-}  // namespace
-
-void save_train_checkpoint(const fs::path& dir, const TrainerState& st,
-                           parallel::ZeroEngine& engine, dist::ProcessMesh& mesh,
-                           const nn::TensorParallel& tp,
-                           const std::function<void(const fs::path&)>& write_stage,
-                           const std::function<void(const fs::path&)>& finish_model) {
+void write_checkpoint_parts(const fs::path& tmp, const TrainerState& st,
+                            parallel::ZeroEngine& engine, dist::ProcessMesh& mesh,
+                            const nn::TensorParallel& tp,
+                            const std::function<void(const fs::path&)>& write_stage,
+                            const std::function<void(const fs::path&)>& finish_model) {
   dist::Communicator& world = mesh.world();
-  const fs::path tmp = dir.string() + ".tmp";
-  if (world.rank() == 0) {
-    fs::remove_all(tmp);
-    fs::create_directories(tmp / "optimizer");
-  }
-  world.barrier();
   // Collective at stage 3: the stage's full model on dp rank 0 only (each expert slice on
   // the first dp rank holding it: dp ranks [0, ep)).
   engine.gather_all(0);
@@ -109,6 +101,33 @@ void save_train_checkpoint(const fs::path& dir, const TrainerState& st,
                               {"last_overflow_iter", st.loss_scaler->last_overflow_iter},
                               {"hysteresis_left", st.loss_scaler->hysteresis_left}};
     io::write_json_file(tmp / "trainer_state.json", state);
+  }
+}
+
+}  // namespace
+
+void save_train_checkpoint(const fs::path& dir, const TrainerState& st,
+                           parallel::ZeroEngine& engine, dist::ProcessMesh& mesh,
+                           const nn::TensorParallel& tp,
+                           const std::function<void(const fs::path&)>& write_stage,
+                           const std::function<void(const fs::path&)>& finish_model) {
+  dist::Communicator& world = mesh.world();
+  const fs::path tmp = dir.string() + ".tmp";
+  if (world.rank() == 0) {
+    fs::remove_all(tmp);
+    fs::create_directories(tmp / "optimizer");
+  }
+  world.barrier();
+  try {
+    write_checkpoint_parts(tmp, st, engine, mesh, tp, write_stage, finish_model);
+  } catch (...) {
+    // A failed write (disk full, file-size limit) leaves no half-written folder; the
+    // previous checkpoint was never touched.
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  if (world.rank() == 0) {
     if (fs::exists(dir)) fs::remove_all(dir);
     fs::rename(tmp, dir);
   }
