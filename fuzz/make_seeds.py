@@ -56,6 +56,34 @@ seed("dataset", "tools_sharegpt.json", json.dumps([{"tools": json.dumps([_tool])
     {"from": "function_call", "value": json.dumps([{"name": "f", "arguments": {"x": 1.5}}])},
     {"from": "observation", "value": "o"}, {"from": "gpt", "value": "g"}]}]))
 
+
+def crc32c(data):  # Castagnoli, reflected 0x82F63B78
+    c = 0xFFFFFFFF
+    for b in data:
+        c ^= b
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+    return c ^ 0xFFFFFFFF
+
+
+def tfrecord(payloads):
+    mask = lambda c: ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+    out = b""
+    for p in payloads:
+        n = struct.pack("<Q", len(p))
+        out += n + struct.pack("<I", mask(crc32c(n))) + p + struct.pack("<I", mask(crc32c(p)))
+    return out
+
+
+# Events by hand (protobuf wire format): file_version, then a scalar summary at step 8
+# {wall_time=1: double, step=2: varint, file_version=3 / summary=5: length-delimited;
+# Summary.value=1 {tag=1, simple_value=2: float}}.
+_version = b"\x09" + struct.pack("<d", 1.0) + b"\x1a\x0d" + b"brain.Event:2"
+_value = b"\x0a\x05loss/" + b"\x15" + struct.pack("<f", 2.5)
+_summary = b"\x0a" + bytes([len(_value)]) + _value
+_scalar = b"\x09" + struct.pack("<d", 2.0) + b"\x10\x08" + b"\x2a" + bytes([len(_summary)]) + _summary
+seed("tfrecord", "events", tfrecord([_version, _scalar]))
+
 # Targets whose seeds are fixtures other parts of the test suite make.
 for target, rel in [("gguf", "tests/fixtures/gguf/tiny.gguf"),
                     ("tokenizer", "tests/fixtures/tokenizers/gpt2_style.json"),

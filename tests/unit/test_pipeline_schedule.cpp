@@ -122,8 +122,10 @@ TEST(PipelineSchedule, InterleavedCoversEveryChunkOnce) {
       for (int m = p; m <= 4 * p; m += p) {
         for (int r = 0; r < p; ++r) {
           const std::vector<Pass> s = stage_schedule("interleaved", p, r, m, v);
-          const std::string at = "p" + std::to_string(p) + " v" + std::to_string(v) + " m" +
-                                 std::to_string(m) + " r" + std::to_string(r);
+          // (appended piecewise: GCC 12 warns falsely (-Wrestrict) on "p" + std::to_string(p))
+          std::string at = "p";
+          for (const auto& [tag, n] : {std::pair{"", p}, {" v", v}, {" m", m}, {" r", r}})
+            at += tag + std::to_string(n);
           ASSERT_EQ(s.size(), 2u * m * v) << at;
           std::vector<int> next_b(v, 0);
           std::vector<std::vector<bool>> fwd(v, std::vector<bool>(m));
