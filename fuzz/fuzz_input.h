@@ -12,13 +12,22 @@
 
 namespace loom::fuzz {
 
+// The file is removed when the fuzzer exits (libFuzzer ends a timed run with exit()).
 inline std::filesystem::path input_file(const uint8_t* data, size_t size, const char* ext) {
-  static const std::filesystem::path dir =
-      std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path();
-  const std::filesystem::path p = dir / ("loom-fuzz-" + std::to_string(::getpid()) + ext);
-  std::ofstream(p, std::ios::binary | std::ios::trunc)
+  struct RemovedAtExit {
+    std::filesystem::path path;
+    ~RemovedAtExit() {
+      std::error_code ec;
+      std::filesystem::remove(path, ec);
+    }
+  };
+  static const RemovedAtExit file{(std::filesystem::exists("/dev/shm")
+                                       ? std::filesystem::path("/dev/shm")
+                                       : std::filesystem::temp_directory_path()) /
+                                  ("loom-fuzz-" + std::to_string(::getpid()) + ext)};
+  std::ofstream(file.path, std::ios::binary | std::ios::trunc)
       .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  return p;
+  return file.path;
 }
 
 }  // namespace loom::fuzz
