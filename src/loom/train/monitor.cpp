@@ -2,7 +2,6 @@
 
 #include <charconv>
 #include <cmath>
-#include <sstream>
 
 #include "loom/util/atomic_write.h"
 #include "loom/util/error.h"

@@ -10,6 +10,7 @@
 
 #include "loom/util/atomic_write.h"
 #include "loom/util/error.h"
+#include "loom/util/format.h"
 
 namespace loom::train {
 
@@ -129,7 +130,10 @@ std::vector<double> ticks(double lo, double hi, int want) {
   return t;
 }
 
-std::string grouped(double v);
+// 1234567.4 -> "1,234,567"; "-" when not finite.
+std::string grouped(double v) {
+  return std::isfinite(v) ? with_thousands(std::llround(v)) : std::string("-");
+}
 
 // 250000 -> "250,000"; 0.00031 -> "0.00031".
 std::string tick_label(double t) {
@@ -221,17 +225,6 @@ std::string chart(const std::string& id, const std::string& title, const std::ve
       << " " << esc(s.name) << "</span>";
   o << "</figcaption>\n</figure>\n";
   return o.str();
-}
-
-std::string grouped(double v) {
-  if (!std::isfinite(v)) return "-";
-  std::string s = fmt("%.0f", v), out;
-  const size_t start = s[0] == '-' ? 1 : 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i > start && (s.size() - i) % 3 == 0) out += ',';
-    out += s[i];
-  }
-  return out;
 }
 
 double median(std::vector<double> v) {

@@ -5,19 +5,12 @@
 #include <cstdio>
 #include <utility>
 
+#include "loom/util/format.h"
+
 namespace loom {
 
 namespace {
 std::atomic<bool> g_enabled{false};
-
-std::string grouped(int64_t v) {  // 10000 -> "10,000"
-  std::string s = std::to_string(v), out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i && (s.size() - i) % 3 == 0) out += ',';
-    out += s[i];
-  }
-  return out;
-}
 }  // namespace
 
 void Progress::enable(bool on) { g_enabled = on; }
@@ -44,7 +37,7 @@ void Progress::update(int64_t done) {
   char eta[32] = "";
   if (done > 0 && done < total_) std::snprintf(eta, sizeof eta, "  ETA %.0fs", secs / f - secs);
   std::fprintf(stderr, "\r\033[2K%s  [%s]  %s/%s  %3.0f%%%s", label_.c_str(), bar.c_str(),
-               grouped(done).c_str(), grouped(total_).c_str(), 100.0 * f, eta);
+               with_thousands(done).c_str(), with_thousands(total_).c_str(), 100.0 * f, eta);
   std::fflush(stderr);
 }
 
