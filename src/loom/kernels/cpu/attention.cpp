@@ -65,32 +65,45 @@ Strip training_strip(const AttnDims& d, const float* q, const float* k, const fl
   return s;
 }
 
-// x[c] = exp(x[c] - shift) for c < n; returns their sum. Out of line with plain pointers:
-// inlined into the strip loops GCC left it scalar (the clamps became branches).
-[[gnu::noinline]] float exp_sum(float* __restrict x, int64_t n, float shift) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t c = 0; c < n; ++c) {
-    x[c] = vexp(x[c] - shift);
-    sum += x[c];
-  }
-  return sum;
+// Strip s with its window widened to every key of its batch row b (KV group g): the keys a
+// task packs once when its strips' windows are runs of them.
+Strip whole_window(const Strip& s, const AttnDims& d, const float* k, const float* v, int64_t b,
+                   int64_t g) {
+  Strip all = s;
+  all.k0 = 0;
+  all.n = d.T;
+  all.k = k + b * d.T * d.kv_stride + g * d.HD;
+  all.v = v + b * d.T * d.kv_stride + g * d.HD;
+  return all;
 }
 
-[[gnu::noinline]] float max_of(const float* __restrict x, int64_t n, float mx) {
+// Row i of a strip's scores, columns [0, to): every prefix column (j < P) and key columns
+// [lo, hi] (lo, hi counted from column 0) are visible. `to` is the visible span rounded up to
+// 16, inside the row's padded stride, so the loops below have no scalar tail (on a row of
+// ~100 columns GCC's scalar remainder cost as much as the vector body); the masked lanes'
+// values are never used. Out of line with plain pointers: inlined into the strip loops GCC
+// left them scalar (the clamps became branches).
+[[gnu::noinline]] float max_visible(const float* __restrict x, int64_t to, int64_t P, int64_t lo,
+                                    int64_t hi) {
+  float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-  for (int64_t c = 0; c < n; ++c) mx = x[c] > mx ? x[c] : mx;
+  for (int64_t j = 0; j < to; ++j) {
+    const float v = (j < P) | ((j >= lo) & (j <= hi)) ? x[j] : -INFINITY;
+    mx = v > mx ? v : mx;
+  }
   return mx;
 }
 
-// Row i of the strip's scores: every prefix column and key columns [lo, hi] are visible;
-// the rest become 0. Visible x becomes exp(x - shift); returns their sum.
-inline float exp_row(float* row, const Strip& s, int64_t i, float shift) {
-  float* a = row + s.P;
-  const int64_t lo = s.lo[i], hi = s.hi[i];
-  const float sum = exp_sum(row, s.P, shift) + exp_sum(a + lo, hi - lo + 1, shift);
-  std::fill(a, a + lo, 0.0f);
-  std::fill(a + hi + 1, a + s.n, 0.0f);
+// Visible x becomes exp(x - shift), the rest of [0, to) 0; returns the visible ones' sum.
+[[gnu::noinline]] float exp_visible(float* __restrict x, int64_t to, int64_t P, int64_t lo,
+                                    int64_t hi, float shift) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < to; ++j) {
+    const float e = (j < P) | ((j >= lo) & (j <= hi)) ? vexp(x[j] - shift) : 0.0f;
+    x[j] = e;
+    sum += e;
+  }
   return sum;
 }
 
@@ -117,7 +130,7 @@ inline int64_t key_ld(int64_t w) { return round16(w) + 16; }
 struct Work {
   int64_t D = 0;
   std::vector<float> S, dS, Qs, dOs, Os, KT, VT, Kp, Vp, dKs, dVs;
-  std::vector<float> tKT, tVT, tKp, tVp;  // backward: a whole task's keys and values
+  std::vector<float> tKT, tVT, tKp, tVp;  // a whole task's keys and values (forward: tKT, tVp)
   std::vector<float> tdK, tdV;            // and their gradients, [P + T, D]
   std::vector<int64_t> end;               // per row: the score columns it may see (prefix + to hi)
   std::vector<int64_t> first;      // backward, per row: its first visible column (in the block)
@@ -143,6 +156,8 @@ Work& work(int64_t rows, int64_t w, int64_t HD, bool backward) {
   grow(wk.end, rows);
   grow(wk.block_end, rows);
   grow(wk.inv, rows);
+  grow(wk.tKT, D * key_ld(w));
+  grow(wk.tVp, w * D);
   if (backward) {
     grow(wk.dS, rows * key_ld(bw));
     grow(wk.dOs, rows * D);
@@ -151,10 +166,8 @@ Work& work(int64_t rows, int64_t w, int64_t HD, bool backward) {
     grow(wk.dKs, w * D);
     grow(wk.dVs, w * D);
     grow(wk.first, rows);
-    grow(wk.tKT, D * key_ld(w));
     grow(wk.tVT, D * key_ld(w));
     grow(wk.tKp, w * D);
-    grow(wk.tVp, w * D);
     grow(wk.tdK, w * D);
     grow(wk.tdV, w * D);
     grow(wk.block_end, rows);
@@ -214,9 +227,10 @@ void forward_strip(float* out, int64_t ldo, float* lse, int64_t lse_head, const 
   for (int64_t r = 0; r < R; ++r) {
     float* row = S + r * ls;
     const int64_t i = r % m;
-    const float mx =
-        max_of(row + s.P + s.lo[i], s.hi[i] - s.lo[i] + 1, max_of(row, s.P, -INFINITY));
-    const float sum = exp_row(row, s, i, mx);
+    const int64_t lo = s.P + s.lo[i], hi = s.P + s.hi[i], to = round16(hi + 1);
+    const float mx = max_visible(row, to, s.P, lo, hi);
+    const float sum = exp_visible(row, to, s.P, lo, hi, mx);
+    if (to < w) std::fill(row + to, row + w, 0.0f);
     wk.inv[r] = 1.0f / sum;
     if (lse) lse[r / m * lse_head + i] = mx + std::log(sum);
   }
@@ -309,22 +323,47 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   const int64_t T = d.T, HD = d.HD, C = d.NH * HD, group = d.NH / d.NKV;
   const int64_t strips = (T + kRows - 1) / kRows;
   const float scale = score_scale(d.scale, HD);
+  // With enough (batch, group) pairs for the threads a task owns one pair, all its strips,
+  // and packs its keys and values once (as backward does); otherwise a task is one strip
+  // and packs the keys it sees.
+  const bool per_pair = d.B * d.NKV >= 2 * omp_get_max_threads();
+  const int64_t tasks = per_pair ? 1 : strips, W = d.P + T;
 #pragma omp parallel
   {
     // Under GQA the heads of a group share their keys and values: their query rows are
     // stacked ([group * m, D]) so each product runs once per group, group times taller.
-    Work& wk = work(group * kRows, d.P + T, HD, false);
+    Work& wk = work(group * kRows, W, HD, false);
     // Later strips see more keys: dynamic scheduling evens the threads out.
 #pragma omp for collapse(3) schedule(dynamic)
     for (int64_t b = 0; b < d.B; ++b) {
       for (int64_t g = 0; g < d.NKV; ++g) {
-        for (int64_t j = 0; j < strips; ++j) {
-          const int64_t t0 = j * kRows, h0 = g * group;
-          const Strip s = training_strip(d, q, k, v, b, h0, t0, group);
-          pack_keys(nullptr, wk.KT.data(), wk.D, s, s.pk, s.k);
-          pack_keys(wk.Vp.data(), nullptr, wk.D, s, s.pv, s.v);
-          forward_strip(out + (b * T + t0) * C + h0 * HD, C, lse + (b * d.NH + h0) * T + t0, T, s,
-                        wk.KT.data(), key_ld(s.width()), wk.Vp.data(), wk, scale);
+        for (int64_t task = 0; task < tasks; ++task) {
+          const int64_t h0 = g * group;
+          bool pair_packed = false;
+          for (int64_t j = per_pair ? 0 : task; j < (per_pair ? strips : task + 1); ++j) {
+            const int64_t t0 = j * kRows;
+            const Strip s = training_strip(d, q, k, v, b, h0, t0, group);
+            const float *KT = wk.KT.data(), *Vp = wk.Vp.data();
+            int64_t ldk = key_ld(s.width());
+            if (per_pair && (d.P == 0 || s.k0 == 0)) {
+              // The strip's window is a run of the pair's packed keys (prefix, then all T).
+              if (!pair_packed) {
+                const Strip all = whole_window(s, d, k, v, b, g);
+                pack_keys(nullptr, wk.tKT.data(), wk.D, all, all.pk, all.k);
+                pack_keys(wk.tVp.data(), nullptr, wk.D, all, all.pv, all.v);
+                pair_packed = true;
+              }
+              const int64_t o = d.P == 0 ? s.k0 : 0;
+              KT = wk.tKT.data() + o;
+              Vp = wk.tVp.data() + o * wk.D;
+              ldk = key_ld(W);
+            } else {
+              pack_keys(nullptr, wk.KT.data(), wk.D, s, s.pk, s.k);
+              pack_keys(wk.Vp.data(), nullptr, wk.D, s, s.pv, s.v);
+            }
+            forward_strip(out + (b * T + t0) * C + h0 * HD, C, lse + (b * d.NH + h0) * T + t0, T, s,
+                          KT, ldk, Vp, wk, scale);
+          }
         }
       }
     }
@@ -390,11 +429,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           const bool run = P == 0 || s.k0 == 0;
           if (run) {
             if (!task_packed) {
-              Strip all = s;
-              all.k0 = 0;
-              all.n = T;
-              all.k = k + b * T * d.kv_stride + g * HD;
-              all.v = v + b * T * d.kv_stride + g * HD;
+              const Strip all = whole_window(s, d, k, v, b, g);
               pack_keys(wk.tKp.data(), wk.tKT.data(), Dw, all, all.pk, all.k);
               pack_keys(wk.tVp.data(), wk.tVT.data(), Dw, all, all.pv, all.v);
               task_packed = true;

@@ -8,33 +8,46 @@
 namespace loom::kernels {
 
 namespace {
-constexpr int kMR = 6;       // rows (tile_atb: key columns) per register tile
-constexpr int64_t kNR = 16;  // columns per register tile: two v8f
+// A tile is R rows x 16 columns, kept as R x kV native vectors of kW floats: one zmm per row
+// on AVX-512 (kMR = 12: 12 accumulators of 32 registers), two ymm on AVX2 (kMR = 6: 12 of 16).
+#if defined(__AVX512F__)
+constexpr int kW = 16;
+constexpr int kMR = 12;
+#else
+constexpr int kW = 8;
+constexpr int kMR = 12;
+#endif
+constexpr int64_t kNR = 16;  // key columns per tile_abt register tile
+constexpr int kV = kNR / kW;
+// tile_ab and tile_atb's tiles span kWide of the head dimension's columns where D has them
+// (2 x kW: AVX-512's 12 x 2 zmm reuse each broadcast of A twice), else 16.
+constexpr int64_t kWide = 2 * kW;
+typedef float vf __attribute__((vector_size(kW * sizeof(float))));
+
+inline vf loadv(const float* p) {
+  vf v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void storev(float* p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
+
+// f.template operator()<R>(i0) for the remainder tile of R rows, R from 1 to kMR - 1.
+template <int R, class F>
+void tail_tile(int64_t rows, int64_t i0, F& f) {
+  if constexpr (R > 0) {
+    if (rows == R)
+      f.template operator()<R>(i0);
+    else
+      tail_tile<R - 1>(rows, i0, f);
+  }
+}
 
 // f.template operator()<R>(i0) over [0, total) in tiles of kMR, the last one R < kMR.
 template <class F>
 void by_tiles(int64_t total, F&& f) {
   int64_t i0 = 0;
   for (; i0 + kMR <= total; i0 += kMR) f.template operator()<kMR>(i0);
-  switch (total - i0) {
-    case 5:
-      f.template operator()<5>(i0);
-      break;
-    case 4:
-      f.template operator()<4>(i0);
-      break;
-    case 3:
-      f.template operator()<3>(i0);
-      break;
-    case 2:
-      f.template operator()<2>(i0);
-      break;
-    case 1:
-      f.template operator()<1>(i0);
-      break;
-    default:
-      break;
-  }
+  tail_tile<kMR - 1>(total - i0, i0, f);
 }
 
 template <int R>
@@ -44,18 +57,18 @@ int64_t tile_end(const int64_t* end, int64_t i0) {
   return e;
 }
 
-// The three register tiles below keep R x 2 v8f accumulators (R <= 6: 12 of the 16 AVX
-// registers), started at zero; C is read, where they accumulate, only in the store
+// The three register tiles below keep R x V accumulators (at R = kMR: 12 on AVX2, 12 or 24
+// of AVX-512's 32), started at zero; C is read, where they accumulate, only in the store
 // (loading it into the accumulators first made GCC keep them on the stack).
 
-// C[R, 16] (= | +=) the accumulators.
-template <int R>
-inline void store_tile(float* C, int64_t ldc, const v8f* lo, const v8f* hi, bool accumulate) {
-  for (int i = 0; i < R; ++i) {
-    float* c = C + i * ldc;
-    store8(c, accumulate ? lo[i] + load8(c) : lo[i]);
-    store8(c + 8, accumulate ? hi[i] + load8(c + 8) : hi[i]);
-  }
+// C[R, V kW] (= | +=) the accumulators.
+template <int R, int V>
+inline void store_tile(float* C, int64_t ldc, const vf (&acc)[R][V], bool accumulate) {
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < V; ++v) {
+      float* c = C + i * ldc + v * kW;
+      storev(c, accumulate ? acc[i][v] + loadv(c) : acc[i][v]);
+    }
 }
 
 // Row i's 16 (or `cols`) products x of a tile, stored into c as `st` says (columns j0..).
@@ -83,26 +96,48 @@ inline void store_row(float* c, const float* x, int64_t cols, int64_t i, int64_t
   }
 }
 
-// C[R, cols] = store(A[R, :D] BT[:D, 16]) (cols <= 16 stored), rows i0.. of the block.
+// C[R, cols] = store(A[R, :D] BT[:D, 16]) (cols <= 16 stored), rows i0.. of the block; At is
+// the row tile of A packed column by column (see pack_row_tiles).
 template <AbtStore::Kind K, int R>
-void abt_tile(float* C, int64_t ldc, const float* A, int64_t lda, const float* BT, int64_t ldb,
-              int64_t D, int64_t cols, int64_t i0, int64_t j0, const int64_t* end,
-              const AbtStore& st) {
-  v8f lo[R] = {}, hi[R] = {};
-  for (int64_t c = 0; c < D; ++c) {
-    const v8f b0 = load8(BT + c * ldb), b1 = load8(BT + c * ldb + 8);
-    for (int i = 0; i < R; ++i) {
-      const float a = A[i * lda + c];
-      lo[i] += a * b0;
-      hi[i] += a * b1;
-    }
+void abt_tile(float* C, int64_t ldc, const float* At, const float* BT, int64_t ldb, int64_t D,
+              int64_t cols, int64_t i0, int64_t j0, const int64_t* end, const AbtStore& st) {
+  vf acc[R][kV] = {};
+  for (int64_t c = 0; c < D; ++c, At += R) {
+    vf b[kV];
+    for (int v = 0; v < kV; ++v) b[v] = loadv(BT + c * ldb + v * kW);
+    for (int i = 0; i < R; ++i)
+      for (int v = 0; v < kV; ++v) acc[i][v] += At[i] * b[v];
   }
   for (int i = 0; i < R; ++i) {
     float x[kNR];
-    store8(x, lo[i]);
-    store8(x + 8, hi[i]);
+    for (int v = 0; v < kV; ++v) storev(x + v * kW, acc[i][v]);
     store_row<K>(C + i * ldc, x, cols, i0 + i, j0, end, st);
   }
+}
+
+// A's row tiles (by_tiles over m rows), each packed column by column for its first
+// cols(R, i0) columns, one after another in this thread's buffer; offsets[t] is tile t's
+// start. The tiles then walk one pointer through A: with a tile's R rows read in place GCC
+// ran out of registers for their offsets and reloaded them from the stack every step.
+template <class Cols>
+const float* pack_row_tiles(const float* A, int64_t lda, int64_t m, Cols&& cols,
+                            std::vector<int64_t>& offsets) {
+  static thread_local std::vector<float> at;
+  offsets.clear();
+  int64_t total = 0;
+  by_tiles(m, [&]<int R>(int64_t i0) {
+    offsets.push_back(total);
+    total += R * cols.template operator()<R>(i0);
+  });
+  if (static_cast<int64_t>(at.size()) < total) at.resize(total);
+  int64_t t = 0;
+  by_tiles(m, [&]<int R>(int64_t i0) {
+    float* dst = at.data() + offsets[t++];
+    const int64_t e = cols.template operator()<R>(i0);
+    for (int64_t j = 0; j < e; ++j)
+      for (int i = 0; i < R; ++i) dst[j * R + i] = A[(i0 + i) * lda + j];
+  });
+  return at.data();
 }
 
 template <AbtStore::Kind K>
@@ -112,12 +147,18 @@ void abt(float* C, int64_t ldc, const float* A, int64_t lda, const float* BT, in
   // stream past it (rows before columns read every panel from L2 for every 6 rows).
   int64_t e = 0;
   for (int64_t i = 0; i < m; ++i) e = std::max(e, end[i]);
-  for (int64_t j0 = 0; j0 < std::min(n, e); j0 += kNR)
+  static thread_local std::vector<int64_t> offsets;
+  const float* at = pack_row_tiles(
+      A, lda, m, [D]<int R>(int64_t) { return D; }, offsets);
+  for (int64_t j0 = 0; j0 < std::min(n, e); j0 += kNR) {
+    int64_t t = 0;
     by_tiles(m, [&]<int R>(int64_t i0) {
       if (tile_end<R>(end, i0) > j0)
-        abt_tile<K, R>(C + i0 * ldc + j0, ldc, A + i0 * lda, lda, BT + j0, ldb, D,
+        abt_tile<K, R>(C + i0 * ldc + j0, ldc, at + offsets[t], BT + j0, ldb, D,
                        std::min(kNR, n - j0), i0, j0, end, store);
+      ++t;
     });
+  }
   // Past each row tile's last column tile, every row's columns are masked: 0.
   by_tiles(m, [&]<int R>(int64_t i0) {
     const int64_t from = std::min(n, (tile_end<R>(end, i0) + kNR - 1) / kNR * kNR);
@@ -125,40 +166,45 @@ void abt(float* C, int64_t ldc, const float* A, int64_t lda, const float* BT, in
   });
 }
 
-// C[R, 16] (= | +=) At[:cnt, R]^T B[:cnt, 16]: At is the row tile of A packed column by column,
-// so the loop walks two pointers (with A's R rows read in place GCC ran out of registers
-// for their offsets and kept B's pointer in memory: a store-to-load chain per iteration).
-template <int R>
+// C[R, V kW] (= | +=) At[:cnt, R]^T B[:cnt, V kW]: At is the row tile of A packed column by
+// column (pack_row_tiles).
+template <int R, int V>
 void ab_tile(float* C, int64_t ldc, const float* At, const float* B, int64_t ldb, int64_t cnt,
              bool accumulate) {
-  v8f lo[R] = {}, hi[R] = {};
+  vf acc[R][V] = {};
   for (int64_t j = 0; j < cnt; ++j, At += R, B += ldb) {
-    const v8f b0 = load8(B), b1 = load8(B + 8);
-    for (int i = 0; i < R; ++i) {
-      lo[i] += At[i] * b0;
-      hi[i] += At[i] * b1;
-    }
+    vf b[V];
+    for (int v = 0; v < V; ++v) b[v] = loadv(B + v * kW);
+    for (int i = 0; i < R; ++i)
+      for (int v = 0; v < V; ++v) acc[i][v] += At[i] * b[v];
   }
-  store_tile<R>(C, ldc, lo, hi, accumulate);
+  store_tile<R, V>(C, ldc, acc, accumulate);
 }
 
-// C[R, 16] += A[rows, R]^T B[rows, 16], rows [s m + first, s m + m) of each segment s.
-template <int R>
+// C[R, V kW] += A[rows, R]^T B[rows, V kW], rows [s m + first, s m + m) of each segment s.
+template <int R, int V>
 void atb_tile(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb,
               int64_t m, int64_t segs, int64_t first) {
-  v8f lo[R] = {}, hi[R] = {};
+  vf acc[R][V] = {};
   for (int64_t s = 0; s < segs; ++s) {
     const float* a = A + (s * m + first) * lda;
     const float* b = B + (s * m + first) * ldb;
     for (int64_t i = first; i < m; ++i, a += lda, b += ldb) {
-      const v8f b0 = load8(b), b1 = load8(b + 8);
-      for (int j = 0; j < R; ++j) {
-        lo[j] += a[j] * b0;
-        hi[j] += a[j] * b1;
-      }
+      vf bv[V];
+      for (int v = 0; v < V; ++v) bv[v] = loadv(b + v * kW);
+      for (int j = 0; j < R; ++j)
+        for (int v = 0; v < V; ++v) acc[j][v] += a[j] * bv[v];
     }
   }
-  store_tile<R>(C, ldc, lo, hi, true);
+  store_tile<R, V>(C, ldc, acc, true);
+}
+
+// f.template operator()<V>(c0) over D's columns in panels of kWide, then of 16.
+template <class F>
+void by_panels(int64_t D, F&& f) {
+  int64_t c0 = 0;
+  for (; c0 + kWide <= D; c0 += kWide) f.template operator()<kWide / kW>(c0);
+  for (; c0 < D; c0 += kNR) f.template operator()<kV>(c0);
 }
 }  // namespace
 
@@ -179,36 +225,27 @@ void tile_ab(float* C, int64_t ldc, const float* A, int64_t lda, const float* B,
   // A's row tiles packed column by column, one after another (a tile of R rows and e
   // columns takes R e floats), then B's [cnt, 16] column panels outside, each staying in L1
   // while the packed rows stream past it.
-  static thread_local std::vector<float> at;
-  int64_t total = 0;
-  by_tiles(m, [&]<int R>(int64_t i0) { total += R * tile_end<R>(end, i0); });
-  if (static_cast<int64_t>(at.size()) < total) at.resize(total);
-  int64_t at0 = 0;
-  by_tiles(m, [&]<int R>(int64_t i0) {
-    const int64_t e = tile_end<R>(end, i0);
-    float* t = at.data() + at0;
-    for (int64_t j = 0; j < e; ++j)
-      for (int i = 0; i < R; ++i) t[j * R + i] = A[(i0 + i) * lda + j];
-    at0 += R * e;
-  });
-  for (int64_t c0 = 0; c0 < D; c0 += kNR) {
-    at0 = 0;
+  static thread_local std::vector<int64_t> offsets;
+  const float* at = pack_row_tiles(
+      A, lda, m, [end]<int R>(int64_t i0) { return tile_end<R>(end, i0); }, offsets);
+  by_panels(D, [&]<int V>(int64_t c0) {
+    int64_t t = 0;
     by_tiles(m, [&]<int R>(int64_t i0) {
-      const int64_t e = tile_end<R>(end, i0);
-      ab_tile<R>(C + i0 * ldc + c0, ldc, at.data() + at0, B + c0, ldb, e, accumulate);
-      at0 += R * e;
+      ab_tile<R, V>(C + i0 * ldc + c0, ldc, at + offsets[t++], B + c0, ldb, tile_end<R>(end, i0),
+                    accumulate);
     });
-  }
+  });
 }
 
 void tile_atb(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb,
               int64_t n, int64_t D, int64_t m, int64_t segs, int64_t off) {
   // B's [rows, 16] column panels outside (in L1 while A's columns stream past).
-  for (int64_t c0 = 0; c0 < D; c0 += kNR)
+  by_panels(D, [&]<int V>(int64_t c0) {
     by_tiles(n, [&]<int R>(int64_t j0) {
       const int64_t first = std::clamp<int64_t>(j0 - off, 0, m);
-      atb_tile<R>(C + j0 * ldc + c0, ldc, A + j0, lda, B + c0, ldb, m, segs, first);
+      atb_tile<R, V>(C + j0 * ldc + c0, ldc, A + j0, lda, B + c0, ldb, m, segs, first);
     });
+  });
 }
 
 }  // namespace loom::kernels

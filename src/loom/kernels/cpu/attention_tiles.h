@@ -4,10 +4,11 @@
 // these at T = 256 with a quarter of its time in packing and in zeroing C before a beta-0
 // product; these read the caller's packed operands as they are, and every row tile stops at
 // the last key its rows may see, so most of the causal block's masked half is never computed.
-// Row-major; tiles of 6 rows x 16 columns (12 accumulators in registers). end[i] (<= n) is
-// the number of leading key columns row i may see.
+// Row-major; tiles of 6 rows x 16 columns on AVX2, 12 rows on AVX-512 (tile_ab/tile_atb:
+// 12 x 32 there, the head dimension allowing). end[i] (<= n) is the number of leading key
+// columns row i may see.
 //   tile_abt: C[i, j] = store(A[i, :D] . BT[:D, j]) for j < end[i], and 0 from where its
-//             6-row tile's last 16-column tile ends (BT [D, ldb], ldb >= n rounded up to 16,
+//             row tile's last 16-column tile ends (BT [D, ldb], ldb >= n rounded up to 16,
 //             the padding readable); columns in between are stored too, as store gives them.
 //   tile_ab : C[i, :D] (= | +=) sum_{j < end[i]} A[i, j] B[j, :D]; A's columns from end[i]
 //             to its tile's end must be 0

@@ -34,7 +34,8 @@ inline float vexp(float x) {
 inline float vtanh(float x) { return 1.0f - 2.0f / (vexp(2.0f * x) + 1.0f); }
 
 // Eight floats (GCC's vector extension: one AVX register, two SSE ones), for the kernels
-// that keep their accumulators in registers (skinny.cpp, attention_tiles.cpp).
+// that keep their accumulators in registers (skinny.cpp; attention_tiles.cpp picks the
+// native width itself).
 typedef float v8f __attribute__((vector_size(32)));
 inline v8f load8(const float* p) {
   v8f v;
