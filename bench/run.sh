@@ -9,6 +9,8 @@
 #                      quantized (PyTorch has no quantized CPU base: compare with lora-f32);
 #   smollm2-lora-f32   the same on the base dequantized to fp32 (PyTorch + PEFT);
 #   smollm2-full       full fine-tuning of SmolLM2 in fp32;
+#   smollm2-lora-bf16, smollm2-full-bf16: lora-f32 and full with the bf16 section, against
+#                      PyTorch under torch.autocast (only on CPUs with avx512_bf16);
 # the SmolLM2 steps are 8 x 256 tokens (micro-batch 4, accumulation 2: the demo's shapes,
 # bench/ft-smollm2.json; bench/torch_finetune.py for PyTorch). Prints one JSON line per case
 # and implementation, then the tables with the ratios. CASES="attention gpt2 ft" (default all).
@@ -82,6 +84,12 @@ rows+=("$("$build/bench_step" "${ft[@]}" --case smollm2-lora-f32 --set "$lora")"
 rows+=("$("$build/bench_step" "${ft[@]}" --case smollm2-full)")
 rows+=("$("$venv/bin/python" bench/torch_finetune.py "${tft[@]}" --mode lora --case smollm2-lora-f32)")
 rows+=("$("$venv/bin/python" bench/torch_finetune.py "${tft[@]}" --mode full --case smollm2-full)")
+if grep -q avx512_bf16 /proc/cpuinfo; then
+  rows+=("$("$build/bench_step" "${ft[@]}" --case smollm2-lora-bf16 --set "$lora" --precision bf16)")
+  rows+=("$("$build/bench_step" "${ft[@]}" --case smollm2-full-bf16 --precision bf16)")
+  rows+=("$("$venv/bin/python" bench/torch_finetune.py "${tft[@]}" --mode lora --case smollm2-lora-bf16 --precision bf16)")
+  rows+=("$("$venv/bin/python" bench/torch_finetune.py "${tft[@]}" --mode full --case smollm2-full-bf16 --precision bf16)")
+fi
 printf '%s\n' "${rows[@]}"
 python3 - "${rows[@]}" <<'PY'
 import json, sys
@@ -92,7 +100,9 @@ print(f"SmolLM2-135M-Instruct fine-tuning step, 8 x 256 tokens (micro 4 x accumu
       f"{lq['threads']} threads, {cpu}; sgemm {lq['sgemm_gflops']:.0f} GFLOP/s")
 print(f"  {'case':18} {'impl':8} {'tok/s':>7} {'peak RSS MiB':>13} {'of ceiling':>11}")
 for (case, impl), j in r.items():
-    frac = f"{j['fraction_of_ceiling']:.2f}" if "fraction_of_ceiling" in j else "-"
+    # bf16 rows: the share of the bf16 GEMM rate measured in the same run.
+    key = "fraction_of_half_gemm" if "fraction_of_half_gemm" in j else "fraction_of_ceiling"
+    frac = f"{j[key]:.2f}" if key in j else "-"
     print(f"  {case:18} {impl:8} {j['tokens_per_s']:7.1f} {j['peak_rss_mib']:13.0f} {frac:>11}")
 tok = lambda c, i: r[(c, i)]["tokens_per_s"]
 print(f"  LoRA (quantized base) over Loom's full fine-tune: "
@@ -101,6 +111,13 @@ print(f"  over PyTorch + PEFT (fp32 base): LoRA on the quantized base "
       f"{tok('smollm2-lora-q', 'loom') / tok('smollm2-lora-f32', 'pytorch'):.2f}x, on the fp32 base "
       f"{tok('smollm2-lora-f32', 'loom') / tok('smollm2-lora-f32', 'pytorch'):.2f}x; full "
       f"{tok('smollm2-full', 'loom') / tok('smollm2-full', 'pytorch'):.2f}x")
+if ("smollm2-full-bf16", "loom") in r:
+    lb, fb = r[("smollm2-lora-bf16", "loom")], r[("smollm2-full-bf16", "loom")]
+    print(f"  bf16 (GEMM {lb['half_gemm_gflops']:.0f} GFLOP/s, {lb['half_gemm']}): LoRA "
+          f"{tok('smollm2-lora-bf16', 'loom') / tok('smollm2-lora-f32', 'loom'):.2f}x Loom's fp32 LoRA, "
+          f"{tok('smollm2-lora-bf16', 'loom') / tok('smollm2-lora-bf16', 'pytorch'):.2f}x PyTorch autocast; "
+          f"full {tok('smollm2-full-bf16', 'loom') / tok('smollm2-full', 'loom'):.2f}x Loom's fp32, "
+          f"{tok('smollm2-full-bf16', 'loom') / tok('smollm2-full-bf16', 'pytorch'):.2f}x PyTorch autocast")
 for c in ("smollm2-lora-q", "smollm2-full"):
     j = r[(c, "loom")]
     print(f"  loom {c} ms/step by phase: " + ", ".join(

@@ -10,6 +10,8 @@ demo config's step (configs/sft-smollm2-zh-lora.json), without dropout's randomn
 mattering for speed.
   --mode lora: PEFT LoRA r=8, alpha 16, dropout 0.05 on the seven projections;
   --mode full: every parameter trained.
+  --precision bf16: forward and loss under torch.autocast("cpu", torch.bfloat16) (fp32
+  parameters, gradients and AdamW: the counterpart of Loom's bf16 section).
 After --warmup steps it times --steps steps and prints ONE JSON line on stdout
 ({"case", "impl": "pytorch", "tokens_per_s", "peak_rss_mib", "ms_per_step", ...});
 progress goes to stderr. The caller sets OMP_NUM_THREADS and OMP_WAIT_POLICY=PASSIVE.
@@ -41,6 +43,7 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     args = ap.parse_args()
 
     import transformers
@@ -71,10 +74,13 @@ def main():
     batches = [torch.randint(0, vocab, (args.micro, args.seq), generator=g)
                for _ in range(args.accum)]
 
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
+
     def step():
         total = 0.0
         for ids in batches:
-            loss = model(input_ids=ids, labels=ids).loss / args.accum
+            with autocast:
+                loss = model(input_ids=ids, labels=ids).loss / args.accum
             loss.backward()
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -97,7 +103,7 @@ def main():
     print(json.dumps({
         "case": args.case,
         "impl": "pytorch",
-        "precision": "fp32",
+        "precision": args.precision,
         "tokens_per_s": round(tokens / med, 1),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "ms_per_step": round(1e3 * med, 1),

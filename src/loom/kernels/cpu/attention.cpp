@@ -81,13 +81,14 @@ Strip whole_window(const Strip& s, const AttnDims& d, const float* k, const floa
 // [lo, hi] (lo, hi counted from column 0) are visible. `to` is the visible span rounded up to
 // 16, inside the row's padded stride, so the loops below have no scalar tail (on a row of
 // ~100 columns GCC's scalar remainder cost as much as the vector body); the masked lanes'
-// values are never used. Out of line with plain pointers: inlined into the strip loops GCC
-// left them scalar (the clamps became branches).
-[[gnu::noinline]] float max_visible(const float* __restrict x, int64_t to, int64_t P, int64_t lo,
-                                    int64_t hi) {
+// values are never used. Column indices are 32-bit so that the mask costs one vector
+// compare per lane group on AVX2 (64-bit indices took two). Out of line with plain pointers:
+// inlined into the strip loops GCC left them scalar (the clamps became branches).
+[[gnu::noinline]] float max_visible(const float* __restrict x, int32_t to, int32_t P, int32_t lo,
+                                    int32_t hi) {
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < to; ++j) {
+  for (int32_t j = 0; j < to; ++j) {
     const float v = (j < P) | ((j >= lo) & (j <= hi)) ? x[j] : -INFINITY;
     mx = v > mx ? v : mx;
   }
@@ -95,11 +96,11 @@ Strip whole_window(const Strip& s, const AttnDims& d, const float* k, const floa
 }
 
 // Visible x becomes exp(x - shift), the rest of [0, to) 0; returns the visible ones' sum.
-[[gnu::noinline]] float exp_visible(float* __restrict x, int64_t to, int64_t P, int64_t lo,
-                                    int64_t hi, float shift) {
+[[gnu::noinline]] float exp_visible(float* __restrict x, int32_t to, int32_t P, int32_t lo,
+                                    int32_t hi, float shift) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < to; ++j) {
+  for (int32_t j = 0; j < to; ++j) {
     const float e = (j < P) | ((j >= lo) & (j <= hi)) ? vexp(x[j] - shift) : 0.0f;
     x[j] = e;
     sum += e;
@@ -227,9 +228,11 @@ void forward_strip(float* out, int64_t ldo, float* lse, int64_t lse_head, const 
   for (int64_t r = 0; r < R; ++r) {
     float* row = S + r * ls;
     const int64_t i = r % m;
-    const int64_t lo = s.P + s.lo[i], hi = s.P + s.hi[i], to = round16(hi + 1);
-    const float mx = max_visible(row, to, s.P, lo, hi);
-    const float sum = exp_visible(row, to, s.P, lo, hi, mx);
+    // A strip's columns (prefix + window) number far below 2^31.
+    const auto P = static_cast<int32_t>(s.P), lo = static_cast<int32_t>(s.P + s.lo[i]),
+               hi = static_cast<int32_t>(s.P + s.hi[i]), to = static_cast<int32_t>(round16(hi + 1));
+    const float mx = max_visible(row, to, P, lo, hi);
+    const float sum = exp_visible(row, to, P, lo, hi, mx);
     if (to < w) std::fill(row + to, row + w, 0.0f);
     wk.inv[r] = 1.0f / sum;
     if (lse) lse[r / m * lse_head + i] = mx + std::log(sum);

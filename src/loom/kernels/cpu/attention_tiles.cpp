@@ -8,28 +8,16 @@
 namespace loom::kernels {
 
 namespace {
-// A tile is R rows x 16 columns, kept as R x kV native vectors of kW floats: one zmm per row
-// on AVX-512 (kMR = 12: 12 accumulators of 32 registers), two ymm on AVX2 (kMR = 6: 12 of 16).
-#if defined(__AVX512F__)
-constexpr int kW = 16;
-constexpr int kMR = 12;
-#else
-constexpr int kW = 8;
-constexpr int kMR = 12;
-#endif
+// A tile is R rows x 16 columns, kept as R x kV vectors of kW floats: one zmm per row on
+// AVX-512 (kMR = 12 rows: 12 accumulators of 32 registers), two ymm on AVX2 (kMR = 6: 12 of
+// 16; 12 rows there spill).
+constexpr int kW = kVecWidth;
+constexpr int kMR = kW == 16 ? 12 : 6;
 constexpr int64_t kNR = 16;  // key columns per tile_abt register tile
 constexpr int kV = kNR / kW;
 // tile_ab and tile_atb's tiles span kWide of the head dimension's columns where D has them
 // (2 x kW: AVX-512's 12 x 2 zmm reuse each broadcast of A twice), else 16.
 constexpr int64_t kWide = 2 * kW;
-typedef float vf __attribute__((vector_size(kW * sizeof(float))));
-
-inline vf loadv(const float* p) {
-  vf v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void storev(float* p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
 
 // f.template operator()<R>(i0) for the remainder tile of R rows, R from 1 to kMR - 1.
 template <int R, class F>
@@ -96,17 +84,25 @@ inline void store_row(float* c, const float* x, int64_t cols, int64_t i, int64_t
   }
 }
 
-// C[R, cols] = store(A[R, :D] BT[:D, 16]) (cols <= 16 stored), rows i0.. of the block; At is
-// the row tile of A packed column by column (see pack_row_tiles).
+// tile_abt reads A's row tiles packed (pack_row_tiles) where a tile has more rows than
+// GCC has registers for their offsets; AVX2's 6 rows are read in place (packing them cost
+// 5-8% there).
+constexpr bool kPackAbt = kMR > 6;
+
+// C[R, cols] = store(A[R, :D] BT[:D, 16]) (cols <= 16 stored), rows i0.. of the block. A is
+// the row tile packed column by column (kPackAbt) or in place, rows lda apart.
 template <AbtStore::Kind K, int R>
-void abt_tile(float* C, int64_t ldc, const float* At, const float* BT, int64_t ldb, int64_t D,
-              int64_t cols, int64_t i0, int64_t j0, const int64_t* end, const AbtStore& st) {
+void abt_tile(float* C, int64_t ldc, const float* A, int64_t lda, const float* BT, int64_t ldb,
+              int64_t D, int64_t cols, int64_t i0, int64_t j0, const int64_t* end,
+              const AbtStore& st) {
   vf acc[R][kV] = {};
-  for (int64_t c = 0; c < D; ++c, At += R) {
+  for (int64_t c = 0; c < D; ++c) {
     vf b[kV];
     for (int v = 0; v < kV; ++v) b[v] = loadv(BT + c * ldb + v * kW);
-    for (int i = 0; i < R; ++i)
-      for (int v = 0; v < kV; ++v) acc[i][v] += At[i] * b[v];
+    for (int i = 0; i < R; ++i) {
+      const float a = kPackAbt ? A[c * R + i] : A[i * lda + c];
+      for (int v = 0; v < kV; ++v) acc[i][v] += a * b[v];
+    }
   }
   for (int i = 0; i < R; ++i) {
     float x[kNR];
@@ -148,14 +144,16 @@ void abt(float* C, int64_t ldc, const float* A, int64_t lda, const float* BT, in
   int64_t e = 0;
   for (int64_t i = 0; i < m; ++i) e = std::max(e, end[i]);
   static thread_local std::vector<int64_t> offsets;
-  const float* at = pack_row_tiles(
-      A, lda, m, [D]<int R>(int64_t) { return D; }, offsets);
+  const float* at = kPackAbt ? pack_row_tiles(
+                                   A, lda, m, [D]<int R>(int64_t) { return D; }, offsets)
+                             : nullptr;
   for (int64_t j0 = 0; j0 < std::min(n, e); j0 += kNR) {
     int64_t t = 0;
     by_tiles(m, [&]<int R>(int64_t i0) {
+      const float* a = kPackAbt ? at + offsets[t] : A + i0 * lda;
       if (tile_end<R>(end, i0) > j0)
-        abt_tile<K, R>(C + i0 * ldc + j0, ldc, at + offsets[t], BT + j0, ldb, D,
-                       std::min(kNR, n - j0), i0, j0, end, store);
+        abt_tile<K, R>(C + i0 * ldc + j0, ldc, a, lda, BT + j0, ldb, D, std::min(kNR, n - j0), i0,
+                       j0, end, store);
       ++t;
     });
   }

@@ -9,12 +9,10 @@
 namespace loom::kernels {
 
 namespace {
-// The rank is taken eight at a time, J <= 8 accumulators (v8f) in registers.
-constexpr int64_t kLanes = 8;
-
-inline float hsum(v8f v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
+// The rank is taken eight at a time, J <= 8 accumulators (vf: kVecWidth floats) in
+// registers.
+constexpr int64_t kRankBlock = 8;
+constexpr int64_t kLanes = kVecWidth;
 
 // Below this many wide elements a product runs on the calling thread alone.
 constexpr int64_t kParallelMin = int64_t{1} << 15;
@@ -28,11 +26,11 @@ float* row_buffer(int64_t n) {
 // y[j] = alpha * x . M[j], j in [0, J): J dot products of length W in one pass over x.
 template <int J>
 void dots(float* y, const float* x, const float* M, int64_t W, float alpha) {
-  v8f acc[J] = {};
+  vf acc[J] = {};
   int64_t c = 0;
   for (; c + kLanes <= W; c += kLanes) {
-    const v8f xv = load8(x + c);
-    for (int j = 0; j < J; ++j) acc[j] += xv * load8(M + j * W + c);
+    const vf xv = loadv(x + c);
+    for (int j = 0; j < J; ++j) acc[j] += xv * loadv(M + j * W + c);
   }
   for (int j = 0; j < J; ++j) {
     float s = hsum(acc[j]);
@@ -44,13 +42,13 @@ void dots(float* y, const float* x, const float* M, int64_t W, float alpha) {
 // t[:] (=|+=) sum_j a[j] M[j, :], j in [0, J).
 template <int J>
 void combine(float* t, const float* a, const float* M, int64_t W, bool accumulate) {
-  v8f b[J];
-  for (int j = 0; j < J; ++j) b[j] = a[j] + v8f{};
+  vf b[J];
+  for (int j = 0; j < J; ++j) b[j] = a[j] + vf{};
   int64_t c = 0;
   for (; c + kLanes <= W; c += kLanes) {
-    v8f acc = accumulate ? load8(t + c) : v8f{};
-    for (int j = 0; j < J; ++j) acc += b[j] * load8(M + j * W + c);
-    store8(t + c, acc);
+    vf acc = accumulate ? loadv(t + c) : vf{};
+    for (int j = 0; j < J; ++j) acc += b[j] * loadv(M + j * W + c);
+    storev(t + c, acc);
   }
   for (; c < W; ++c) {
     float s = accumulate ? t[c] : 0.0f;
@@ -59,17 +57,18 @@ void combine(float* t, const float* a, const float* M, int64_t W, bool accumulat
   }
 }
 
-// G[j, c:c+8] += alpha * sum_n U[n, j] X[n, c:c+8], j in [0, J): one strip of eight columns.
+// G[j, c:c+L] += alpha * sum_n U[n, j] X[n, c:c+L], j in [0, J): one strip of L = kLanes
+// columns.
 template <int J>
 void strip(float* G, const float* U, int64_t r, const float* X, int64_t N, int64_t W, int64_t c,
            float alpha) {
-  v8f acc[J] = {};
+  vf acc[J] = {};
   for (int64_t n = 0; n < N; ++n) {
-    const v8f xv = load8(X + n * W + c);
+    const vf xv = loadv(X + n * W + c);
     const float* u = U + n * r;
     for (int j = 0; j < J; ++j) acc[j] += u[j] * xv;
   }
-  for (int j = 0; j < J; ++j) store8(G + j * W + c, load8(G + j * W + c) + alpha * acc[j]);
+  for (int j = 0; j < J; ++j) storev(G + j * W + c, loadv(G + j * W + c) + alpha * acc[j]);
 }
 
 // f.template operator()<J>(j0) for the last `left` (< 8) indices, J = left as a constant.
@@ -85,7 +84,7 @@ void remainder(int64_t left, int64_t j0, F& f) {
 template <class F>
 void by_eights(int64_t r, F&& f) {
   int64_t j0 = 0;
-  for (; j0 + kLanes <= r; j0 += kLanes) f.template operator()<8>(j0);
+  for (; j0 + kRankBlock <= r; j0 += kRankBlock) f.template operator()<kRankBlock>(j0);
   remainder<7>(r - j0, j0, f);
 }
 }  // namespace
@@ -111,7 +110,7 @@ void skinny_nn_add(float* Y, const float* U, const float* M, int64_t N, int64_t 
   prof::ScopedPhase ph(prof::Phase::Gemm);
 #pragma omp parallel for schedule(static) if (N * W >= kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
-    float a[kLanes];
+    float a[kRankBlock];
     float* t = row_buffer(W);
     by_eights(r, [&]<int J>(int64_t j0) {
       for (int j = 0; j < J; ++j) a[j] = alpha * U[n * r + j0 + j];
@@ -131,7 +130,7 @@ void skinny_tn_add(float* G, const float* U, const float* X, int64_t N, int64_t 
   for (int64_t s = 0; s < strips; ++s)
     by_eights(
         r, [&]<int J>(int64_t j0) { strip<J>(G + j0 * W, U + j0, r, X, N, W, s * kLanes, alpha); });
-  for (int64_t c = strips * kLanes; c < W; ++c)  // the last W % 8 columns
+  for (int64_t c = strips * kLanes; c < W; ++c)  // the last W % kLanes columns
     for (int64_t j = 0; j < r; ++j) {
       float acc = 0.0f;
       for (int64_t n = 0; n < N; ++n) acc += U[n * r + j] * X[n * W + c];

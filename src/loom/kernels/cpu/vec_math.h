@@ -33,15 +33,28 @@ inline float vexp(float x) {
 
 inline float vtanh(float x) { return 1.0f - 2.0f / (vexp(2.0f * x) + 1.0f); }
 
-// Eight floats (GCC's vector extension: one AVX register, two SSE ones), for the kernels
-// that keep their accumulators in registers (skinny.cpp; attention_tiles.cpp picks the
-// native width itself).
-typedef float v8f __attribute__((vector_size(32)));
-inline v8f load8(const float* p) {
-  v8f v;
+// The CPU's float vector (GCC's vector extension), for the kernels that keep their
+// accumulators in registers (skinny.cpp, attention_tiles.cpp): 16 floats (one zmm) where the
+// build targets AVX-512, else 8 (one ymm; two xmm without AVX).
+#if defined(__AVX512F__)
+constexpr int kVecWidth = 16;
+#else
+constexpr int kVecWidth = 8;
+#endif
+typedef float vf __attribute__((vector_size(kVecWidth * sizeof(float))));
+inline vf loadv(const float* p) {
+  vf v;
   __builtin_memcpy(&v, p, sizeof v);
   return v;
 }
-inline void store8(float* p, v8f v) { __builtin_memcpy(p, &v, sizeof v); }
+inline void storev(float* p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
+// Its lanes' sum, in a fixed order (pairwise).
+inline float hsum(vf v) {
+  float lane[kVecWidth];
+  storev(lane, v);
+  for (int w = kVecWidth / 2; w > 0; w /= 2)
+    for (int i = 0; i < w; ++i) lane[i] += lane[i + w];
+  return lane[0];
+}
 
 }  // namespace loom::kernels
