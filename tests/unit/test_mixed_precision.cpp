@@ -277,6 +277,35 @@ TEST(MixedPrecision, Bf16AccumulatesSixtyFourMicroBatchesInFp32) {
   }
 }
 
+// One process (ZeRO stage 0): the optimizer writes each trained matrix's 16-bit copy in its
+// update pass. After every step each copy is fresh and equals the rounded fp32 value bit for
+// bit, in both formats (a copy left at the old value, or rounded the other way, fails).
+TEST(MixedPrecision, StepRewritesEverySixteenBitCopyFromTheUpdatedValue) {
+  for (const char* p : {"bf16", "fp16"}) {
+    train::Trainer t(small_gpt2(p), counting_data(64, 32, 96));
+    int copies = 0;
+    for (int s = 0; s < 3; ++s) {
+      t.step();
+      copies = 0;
+      for (const auto& w : t.model().params().all()) {
+        if (!w->trainable || !w->half) continue;
+        ASSERT_FALSE(w->half->stale) << p << " " << w->name << " after step " << s + 1;
+        const auto* h = static_cast<const uint16_t*>(w->half->data.raw());
+        const float* v = w->value.f32();
+        int64_t differ = 0;
+        for (int64_t i = 0; i < w->value.numel(); ++i) {
+          const uint16_t want =
+              w->half->format == Half::bf16 ? kernels::to_bf16(v[i]) : kernels::to_f16(v[i]);
+          differ += h[i] != want;
+        }
+        EXPECT_EQ(differ, 0) << p << " " << w->name << " after step " << s + 1;
+        ++copies;
+      }
+    }
+    EXPECT_GE(copies, 9) << p;  // wte, and per block c_attn, attn.c_proj, c_fc, mlp.c_proj
+  }
+}
+
 struct Snapshot {
   std::vector<float> values, m, v;
   int64_t adam_steps = 0;

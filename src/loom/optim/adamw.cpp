@@ -1,6 +1,7 @@
 #include "loom/optim/adamw.h"
 
 #include "loom/kernels/cpu/adamw.h"
+#include "loom/nn/weight_ops.h"
 #include "loom/util/error.h"
 
 namespace loom::optim {
@@ -12,10 +13,16 @@ AdamW::AdamW(nn::ParamStore& ps, const AdamWConfig& cfg) : AdamW(cfg, ps.trainab
 
 std::vector<AdamW::Segment> AdamW::segments_of(const nn::ParamStore& ps, const AdamWConfig& cfg) {
   std::vector<Segment> segs;
-  for (auto& p : ps.all())
-    if (p->trainable)
-      segs.push_back({p->value.f32(), p->grad.f32(), static_cast<int64_t>(p->grad_offset),
-                      p->value.numel(), cfg.decays(p->kind)});
+  for (auto& p : ps.all()) {
+    if (!p->trainable) continue;
+    segs.push_back({p->value.f32(), p->grad.f32(), static_cast<int64_t>(p->grad_offset),
+                    p->value.numel(), cfg.decays(p->kind)});
+    nn::HalfCopy* h = p->half.get();
+    if (h && !h->only && !h->gathered) {
+      if (!h->data.defined()) h->data = nn::half_zeros(p->shape, h->format);
+      segs.back().half = {static_cast<uint16_t*>(h->data.raw()), h->format};
+    }
+  }
   return segs;
 }
 
@@ -27,12 +34,14 @@ void AdamW::step(std::span<const Segment> segs, float lr, float grad_scale) {
     kernels::AdamWHyper h{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, s.decay ? cfg_.weight_decay : 0.0f,
                           t_, grad_scale};
     kernels::adamw_update(s.value, s.grad, m_.f32() + s.state_offset, v_.f32() + s.state_offset,
-                          s.n, h);
+                          s.n, h, s.half);
   }
 }
 
 void AdamW::step(nn::ParamStore& ps, float lr, float grad_scale) {
   step(segments_of(ps, cfg_), lr, grad_scale);
+  for (auto& p : ps.all())
+    if (p->trainable && p->half && !p->half->only && !p->half->gathered) p->half->stale = false;
 }
 
 }  // namespace loom::optim

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "loom/kernels/cpu/adamw.h"
 #include "loom/nn/parameter.h"
 
 namespace loom::optim {
@@ -21,8 +22,8 @@ struct AdamWConfig {
   float weight_decay = 0.01f;
   bool decay_bias = false, decay_norm = false, decay_embedding = false;
   bool decays(nn::ParamKind k) const {
-    return k == nn::ParamKind::Weight || k == nn::ParamKind::Router || (k == nn::ParamKind::Bias && decay_bias) ||
-           (k == nn::ParamKind::Norm && decay_norm) ||
+    return k == nn::ParamKind::Weight || k == nn::ParamKind::Router ||
+           (k == nn::ParamKind::Bias && decay_bias) || (k == nn::ParamKind::Norm && decay_norm) ||
            (k == nn::ParamKind::Embedding && decay_embedding);
   }
 };
@@ -35,11 +36,14 @@ class AdamW {
     int64_t state_offset;  // where its moments start in exp_avg / exp_avg_sq
     int64_t n;
     bool decay;
+    kernels::HalfOut half = {};  // the value's 16-bit working copy, rewritten in the same pass
   };
   AdamW(const AdamWConfig& cfg, int64_t state_numel);
   // Moments for every trainable parameter of ps, laid out like its gradient buffer.
   AdamW(nn::ParamStore& ps, const AdamWConfig& cfg);
-  // Every trainable parameter of ps as one segment each (values and grads of the store).
+  // Every trainable parameter of ps as one segment each (values and grads of the store);
+  // a parameter with a 16-bit working copy converted from its value (nn::HalfCopy, neither
+  // `only` nor `gathered`) has it rewritten by the step, which marks it fresh.
   static std::vector<Segment> segments_of(const nn::ParamStore& ps, const AdamWConfig& cfg);
 
   // One update with learning rate `lr` (the schedule's value for this step); gradients

@@ -481,8 +481,8 @@ void ZeroEngine::optimizer_step(float lr, float clip_coef) {
   // hold values from before this update.
   drop_prefetches();
   if (cfg_.stage == 0) {
+    mark_updated();  // before: the step itself rewrites (and marks fresh) the 16-bit copies
     opt_->step(model_.params(), lr, clip_coef);
-    mark_updated();
     return;
   }
   segments_.clear();

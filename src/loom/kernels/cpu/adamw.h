@@ -4,9 +4,13 @@
 //   m = b1 m + (1 - b1) g ;  v = b2 v + (1 - b2) g^2
 //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 // t is the 1-based step count. One pass over p, g, m, v: the optimizer is memory-bound.
+// With `half` the updated p is also written rounded to that 16-bit format (mixed
+// precision's working copy of the weight), in the same pass instead of a second one over p.
 #pragma once
 
 #include <cstdint>
+
+#include "loom/kernels/cpu/bf16.h"
 
 namespace loom::kernels {
 
@@ -16,6 +20,12 @@ struct AdamWHyper {
   float grad_scale = 1.0f;
 };
 
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWHyper& h);
+struct HalfOut {
+  uint16_t* data = nullptr;  // n elements, or none
+  Half format = Half::bf16;
+};
+
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWHyper& h,
+                  HalfOut half = {});
 
 }  // namespace loom::kernels
