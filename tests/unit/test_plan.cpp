@@ -139,7 +139,8 @@ TEST(Plan, ZeroPaperFigureOneAt7_5B) {
 // the embedding. Planned without allocating any of it.
 // Bytes each rank sends per step for N elements over 2 ranks, 3 micro-batches: a ring step
 // moves half the buffer. Stage 2 reduce-scatters every micro-batch in the gradient's dtype
-// and all-gathers the update once in the weights' (16-bit under mixed precision); stage 0
+// and all-gathers the update once in the weights' (16-bit under mixed precision); stage 3
+// gathers every unit for each micro-batch's forward and backward, in the same dtype; stage 0
 // all-reduces once (twice a ring step).
 TEST(Plan, ZeroTrafficFollowsTheWireDtypes) {
   const double N = 1000;
@@ -152,6 +153,10 @@ TEST(Plan, ZeroTrafficFollowsTheWireDtypes) {
   t = train::zero_traffic(1, N, 1, 1e9, 2, 3, 4, 2);
   EXPECT_DOUBLE_EQ(t.reduce_scatter, 4 * N / 2);
   EXPECT_DOUBLE_EQ(t.all_gather, 2 * N / 2);
+  t = train::zero_traffic(3, N, 1, 1e9, 2, 3, 4, 2);
+  EXPECT_DOUBLE_EQ(t.reduce_scatter, 3 * 4 * N / 2);
+  EXPECT_DOUBLE_EQ(t.all_gather, 2 * 3 * 2 * N / 2);
+  EXPECT_DOUBLE_EQ(train::zero_traffic(3, N, 1, 1e9, 2, 3).all_gather, 2 * 3 * 4 * N / 2);
   EXPECT_DOUBLE_EQ(train::zero_traffic(0, N, 1, 1e9, 2, 3, 2, 2).all_reduce, 2 * N);
 }
 

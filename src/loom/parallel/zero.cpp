@@ -94,11 +94,16 @@ struct ZeroEngine::Unit {
   int expert_part = -1;                             // a model unit's expert unit, if any
   Tensor grad;                                      // stage >= 2: this backward's gradient, padded
   Tensor value;                                     // stage 3: gathered parameters, padded
-  dist::Request gather;                             // stage 3: a prefetch in flight into `value`
-  int refs = 0;                                     // stage 3: acquire() minus release()
-  // Working weights at stages 1-2 under mixed precision: the 16-bit image of the padded
-  // unit (the matrices' `half` data are views into it) and the f32 values of the unit's
-  // other parameters (`small`: norms, biases, adapters) back to back.
+  // A gather in flight: stage 3's (prefetch) into `value`, or under mixed precision (every
+  // stage-3 gather, stages 1-2's after each step) into `half`, with the small values into
+  // `packed` (each rank's small_max apart).
+  dist::Request gather, gather_small;
+  Tensor packed;
+  int refs = 0;  // stage 3: acquire() minus release()
+  // Working weights under mixed precision (stages 1-2: always held; stage 3: while
+  // acquired): the 16-bit image of the padded unit (the matrices' `half` data are views
+  // into it) and the f32 values of the unit's other parameters (`small`: norms, biases,
+  // adapters) back to back.
   Tensor half, small;
   struct Run {
     int64_t at, n, small_at;  // a small parameter: its place in the unit and in `small`
@@ -243,6 +248,7 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
   }
   master_sharded_ = cfg_.stage >= 3 || (cfg_.stage >= 1 && cfg_.half);
   working_ = master_sharded_ && cfg_.stage <= 2;
+  gather16_ = cfg_.stage >= 3 && cfg_.half.has_value();
   if (master_sharded_) {
     // The master copy of this rank's pieces; the store drops its trainable values.
     shard_values_ = Tensor::zeros({part_.shard_len});
@@ -250,15 +256,17 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
       std::memcpy(shard_values_.f32() + r.state_offset, r.param->value.f32() + r.begin,
                   (r.end - r.begin) * sizeof(float));
   }
-  if (working_) {
-    // The first working weights, from the whole values while they exist (what
-    // sync_working() gathers after every step, without the communication).
+  if (working_ || gather16_) {
+    // Each unit's layout of 16-bit matrices and small parameters; at stages 1-2 also the
+    // first working weights, from the whole values while they exist (what sync_working()
+    // gathers after every step, without the communication).
     for (size_t i = 0; i < units_.size(); ++i) {
       Unit& u = units_[i];
       int64_t small = 0;
       for (nn::Parameter* p : u.params) {
         const int64_t at = static_cast<int64_t>(p->grad_offset) - u.start, n = p->value.numel();
         if (nn::takes_half(*p)) {
+          if (!working_) continue;
           if (!u.half.defined())
             u.half = nn::half_zeros({part_.piece[i] * part_.world_of(i)}, *cfg_.half);
           kernels::to_half(*cfg_.half, p->value.f32(), bits(u.half) + at, n);
@@ -267,10 +275,12 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
           small += n;
         }
       }
-      u.small = Tensor::zeros({small});
-      for (const Unit::Run& r : u.small_runs)
-        std::memcpy(u.small.f32() + r.small_at, ps.flat_values().f32() + u.start + r.at,
-                    r.n * sizeof(float));
+      if (working_) {
+        u.small = Tensor::zeros({small});
+        for (const Unit::Run& r : u.small_runs)
+          std::memcpy(u.small.f32() + r.small_at, ps.flat_values().f32() + u.start + r.at,
+                      r.n * sizeof(float));
+      }
       for (int rank = 0; rank < part_.world_of(i); ++rank) {
         const int64_t lo = rank * part_.piece[i], hi = std::min(u.len, lo + part_.piece[i]);
         u.small_max = std::max(u.small_max, for_piece_runs(u.small_runs, lo, hi, [](auto...) {}));
@@ -520,44 +530,48 @@ void ZeroEngine::sync_params() {
 
 void ZeroEngine::sync_working() {
   prof::ScopedPhase ph(prof::Phase::Comm);
-  // Every unit's two gathers in flight at once; each rank's piece [lo, hi) of a unit holds
-  // up to small_max small elements, sent packed (padded to small_max).
-  std::vector<dist::Request> reqs;
-  std::vector<Tensor> packed(units_.size());
-  auto for_runs = [&](size_t i, int rank, auto&& fn) {  // rank's piece of unit i
-    const int64_t lo = rank * part_.piece[i];
-    for_piece_runs(units_[i].small_runs, lo, std::min(units_[i].len, lo + part_.piece[i]), fn);
-  };
+  // Every unit's gathers in flight at once.
+  for (size_t i = 0; i < units_.size(); ++i)
+    if (units_[i].len > 0) start_working_gather(i);
+  for (size_t i = 0; i < units_.size(); ++i)
+    if (units_[i].len > 0) finish_working_gather(i);
+}
 
-  for (size_t i = 0; i < units_.size(); ++i) {
-    Unit& u = units_[i];
-    if (u.len == 0) continue;
-    const int64_t c = part_.piece[i], lo = part_.piece_begin(i), hi = part_.piece_end(i);
-    const float* master = shard_values_.f32() + part_.shard_offset[i];
-    if (u.half.defined()) {
-      uint16_t* mine = bits(u.half) + lo;
-      if (hi > lo) kernels::to_half(*cfg_.half, master, mine, hi - lo);
-      reqs.push_back(comm(i).iall_gather(mine, bits(u.half), c));
-    }
-    if (u.small_max > 0) {
-      packed[i] = Tensor::zeros({u.small_max * part_.world_of(i)});
-      float* mine = packed[i].f32() + part_.rank_of(i) * u.small_max;
-      for_runs(i, part_.rank_of(i), [&](int64_t at, int64_t, int64_t n, int64_t k) {
-        std::memcpy(mine + k, master + (at - lo), n * sizeof(float));
-      });
-      reqs.push_back(comm(i).iall_gather(mine, packed[i].f32(), u.small_max));
-    }
+void ZeroEngine::start_working_gather(size_t i) {
+  Unit& u = units_[i];
+  const int64_t c = part_.piece[i], lo = part_.piece_begin(i), hi = part_.piece_end(i);
+  const float* master = shard_values_.f32() + part_.shard_offset[i];
+  if (u.half.defined()) {
+    uint16_t* mine = bits(u.half) + lo;
+    if (hi > lo) kernels::to_half(*cfg_.half, master, mine, hi - lo);
+    u.gather = comm(i).iall_gather(mine, bits(u.half), c);
   }
-  for (dist::Request& r : reqs) r.wait();
-  for (size_t i = 0; i < units_.size(); ++i) {
-    if (!packed[i].defined()) continue;
-    for (int rank = 0; rank < part_.world_of(i); ++rank) {
-      const float* from = packed[i].f32() + rank * units_[i].small_max;
-      for_runs(i, rank, [&](int64_t, int64_t small_at, int64_t n, int64_t k) {
-        std::memcpy(units_[i].small.f32() + small_at, from + k, n * sizeof(float));
-      });
-    }
+  // Each rank's piece [lo, hi) holds up to small_max small elements, sent packed (padded
+  // to small_max).
+  if (u.small_max > 0) {
+    u.packed = Tensor::zeros({u.small_max * part_.world_of(i)});
+    float* mine = u.packed.f32() + part_.rank_of(i) * u.small_max;
+    for_piece_runs(u.small_runs, lo, hi, [&](int64_t at, int64_t, int64_t n, int64_t k) {
+      std::memcpy(mine + k, master + (at - lo), n * sizeof(float));
+    });
+    u.gather_small = comm(i).iall_gather(mine, u.packed.f32(), u.small_max);
   }
+}
+
+void ZeroEngine::finish_working_gather(size_t i) {
+  Unit& u = units_[i];
+  u.gather.wait();
+  u.gather_small.wait();
+  if (!u.packed.defined()) return;
+  for (int rank = 0; rank < part_.world_of(i); ++rank) {
+    const int64_t lo = rank * part_.piece[i];
+    const float* from = u.packed.f32() + rank * u.small_max;
+    for_piece_runs(u.small_runs, lo, std::min(u.len, lo + part_.piece[i]),
+                   [&](int64_t, int64_t small_at, int64_t n, int64_t k) {
+                     std::memcpy(u.small.f32() + small_at, from + k, n * sizeof(float));
+                   });
+  }
+  u.packed = Tensor();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -669,9 +683,21 @@ void ZeroEngine::wait_all() {
 // ---------------------------------------------------------------------------------------
 // Hooks: parameters (stage 3) and per-unit gradient buffers (stage 2/3)
 
-void ZeroEngine::start_gather(int unit) {
+bool ZeroEngine::gathered(const Unit& u) const {
+  return u.value.defined() || (gather16_ && u.half.defined());
+}
+
+void ZeroEngine::start_gather(int unit, bool fp32) {
   Unit& u = units_[unit];
   const int64_t c = part_.piece[unit];
+  if (gather16_ && !fp32) {
+    // The matrices as the 16-bit image of the padded unit (this rank's piece rounded from
+    // the master: the same bits as rounding after an fp32 gather, half the bytes), the
+    // small parameters packed in f32.
+    u.half = nn::half_zeros({c * part_.world_of(unit)}, *cfg_.half);
+    start_working_gather(unit);
+    return;
+  }
   u.value = Tensor::zeros({c * part_.world_of(unit)});
   float* mine = u.value.f32() + part_.rank_of(unit) * c;
   const int64_t n = part_.piece_end(unit) - part_.piece_begin(unit);
@@ -686,7 +712,7 @@ void ZeroEngine::acquire(int unit) {
   const int next = in_backward_ ? unit - 1 : unit + 1;
   if (cfg_.stage >= 3 && next >= 0 && next < model_.num_units())
     for (const int n : {next, units_[next].expert_part})
-      if (n >= 0 && units_[n].len > 0 && !units_[n].value.defined()) start_gather(n);
+      if (n >= 0 && units_[n].len > 0 && !gathered(units_[n])) start_gather(n);
   progress();
 }
 
@@ -694,10 +720,17 @@ void ZeroEngine::acquire_one(int unit) {
   Unit& u = units_[unit];
   if (u.len == 0) return;
   if (cfg_.stage >= 3 && u.refs++ == 0) {
-    if (!u.value.defined()) start_gather(unit);
+    if (!gathered(u)) start_gather(unit);
     u.gather.wait();
-    point(u, &nn::Parameter::value, u.value);
-    for (nn::Parameter* p : u.params) nn::mark_half_stale(*p);
+    if (gather16_) {
+      const Unit::Run* last = u.small_runs.empty() ? nullptr : &u.small_runs.back();
+      u.small = Tensor::zeros({last ? last->small_at + last->n : 0});
+      finish_working_gather(unit);
+      point_working(u);
+    } else {
+      point(u, &nn::Parameter::value, u.value);
+      for (nn::Parameter* p : u.params) nn::mark_half_stale(*p);
+    }
   }
   if (cfg_.stage >= 2 && in_backward_ && !u.grad.defined()) {
     u.grad = Tensor::zeros({part_.piece[unit] * part_.world_of(unit)});
@@ -718,16 +751,18 @@ void ZeroEngine::release_one(int unit) {
   for (nn::Parameter* p : u.params)
     if (p->half) p->half->data = Tensor();
   u.value = Tensor();
+  u.half = Tensor();
+  u.small = Tensor();
 }
 
 void ZeroEngine::gather_all(int root) {
-  if (working_) {
+  if (working_ || gather16_) {
     // The fp32 values from the master shards, each unit's f32 values pointed at them on
     // the root until release_all().
     for (size_t i = 0; i < units_.size(); ++i) {
       Unit& u = units_[i];
       if (u.len == 0) continue;
-      start_gather(static_cast<int>(i));
+      start_gather(static_cast<int>(i), /*fp32=*/true);
       u.gather.wait();
       if (comm(i).rank() == root)
         point(u, &nn::Parameter::value, u.value);
@@ -753,6 +788,13 @@ void ZeroEngine::release_all() {
     }
     return;
   }
+  if (gather16_) {  // gather_all's fp32 values (no unit is acquired between steps)
+    for (Unit& u : units_) {
+      u.value = Tensor();
+      point(u, &nn::Parameter::value, Tensor());
+    }
+    return;
+  }
   if (cfg_.stage < 3) return;
   for (size_t u = 0; u < units_.size(); ++u)
     if (units_[u].refs > 0) release_one(static_cast<int>(u));  // held on the root only
@@ -761,9 +803,12 @@ void ZeroEngine::release_all() {
 
 void ZeroEngine::drop_prefetches() {
   for (Unit& u : units_) {
-    if (u.refs == 0 && u.value.defined()) {
+    if (u.refs == 0 && gathered(u)) {
       u.gather.wait();
+      u.gather_small.wait();
       u.value = Tensor();
+      u.half = Tensor();
+      u.packed = Tensor();
     }
   }
 }

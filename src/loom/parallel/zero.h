@@ -192,12 +192,21 @@ class ZeroEngine : public models::UnitHooks {
   void finish(Pending& p);
   void progress();  // drives MPI and retires finished reductions
   void wait_all();
-  void start_gather(int unit);
-  void drop_prefetches();  // gathered units nobody holds
-  void sync_params();      // stage 1/2: all-gather the updated pieces
+  // Stage 3: starts gathering a unit. Under mixed precision its matrices travel as the 16-bit
+  // image and the rest packed in f32 (Unit::half / Unit::small, as stages 1-2 hold them);
+  // fp32 (checkpoints, verify) gathers the fp32 master into Unit::value instead.
+  void start_gather(int unit, bool fp32 = false);
+  bool gathered(const Unit& u) const;  // stage 3: held, or its gather in flight
+  void drop_prefetches();              // gathered units nobody holds
+  void sync_params();                  // stage 1/2: all-gather the updated pieces
   // Stages 1-2 under mixed precision: the units' working weights from the master shards
   // (16-bit all-gather of the matrices, f32 of the rest), and the views onto them.
   void sync_working();
+  // One unit's part of it (stage 3: each gather): this rank's piece rounded into the
+  // allocated Unit::half and its small values packed, both all-gathers started; finish waits
+  // and unpacks the small values into Unit::small.
+  void start_working_gather(size_t unit);
+  void finish_working_gather(size_t unit);
   void point_working(Unit& u);
   void mark_updated();  // the trainable values changed: their 16-bit copies are stale
 
@@ -222,6 +231,7 @@ class ZeroEngine : public models::UnitHooks {
   Tensor shard_values_, shard_grads_;  // master_sharded_ / stage >= 1
   bool master_sharded_ = false;        // stage 3, or stages 1-2 with cfg_.half
   bool working_ = false;               // stages 1-2 with cfg_.half: Unit::half / Unit::small
+  bool gather16_ = false;              // stage 3 with cfg_.half: gathered as half / small
   bool last_micro_ = true, in_backward_ = false;
   ZeroMemory mem_;
 };

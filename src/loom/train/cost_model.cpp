@@ -56,7 +56,7 @@ Traffic zero_traffic(int stage, double trainable, int units, double bucket, int 
   }
   if (stage == 3) {
     t.reduce_scatter = micro * ring;
-    t.all_gather = 2 * micro * ring_bytes(trainable, d);  // fp32 units
+    t.all_gather = 2 * micro * gather;  // units gathered for forward and backward
     t.calls = 3 * micro * n;
   }
   return t;

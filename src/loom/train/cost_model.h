@@ -65,8 +65,8 @@ double ring_bytes(double n, int d);
 // reduce-scatters each unit and all-gathers its updated shard, stage 2 reduce-scatters each
 // unit every micro-batch and all-gathers once, stage 3 all-gathers each unit for every
 // forward and backward and reduce-scatters it every micro-batch. Gradients travel in
-// grad_bytes per element (4, or 2 with communication_data_type bf16/fp16); the stage 1-2
-// parameter all-gather in gather_bytes (2 under mixed precision: the 16-bit weights).
+// grad_bytes per element (4, or 2 with communication_data_type bf16/fp16); the parameter
+// all-gathers (stages 1-3) in gather_bytes (2 under mixed precision: the 16-bit weights).
 Traffic zero_traffic(int stage, double trainable, int units, double bucket, int d, int64_t m,
                      double grad_bytes = 4, double gather_bytes = 4);
 

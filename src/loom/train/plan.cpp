@@ -264,8 +264,9 @@ LayoutPlan evaluate(const std::vector<StageShape>& shapes, const Layout& l, int 
     w.stages.push_back(sw);
     const int units = static_cast<int>(
         std::count_if(s.unit_lens.begin(), s.unit_lens.end(), [](int64_t n) { return n > 0; }));
-    // Under mixed precision the stage 1-2 all-gather carries the 16-bit weights (a PEFT
-    // run's f32 adapters, a small share, are counted at 2 bytes too).
+    // Under mixed precision the all-gathers (stages 1-2 after the step, stage 3 per use)
+    // carry the 16-bit weights (norms, biases and a PEFT run's f32 adapters, a small share,
+    // are counted at 2 bytes too).
     const Traffic dp = zero_traffic(
         l.zero, static_cast<double>(s.trainable), units, static_cast<double>(l.reduce_bucket), l.dp,
         l.accum, static_cast<double>(l.bytes.comm), l.bytes.half > 0 ? 2.0 : 4.0);
@@ -408,7 +409,7 @@ std::string plan_report(const TrainConfig& cfg, int world) {
         fmt("model state per trained element as loom train holds it: 4 bytes of fp32 master "
             "weights and 8 of AdamW moments (sharded from stage 1), each matrix in %s for the "
             "products (2 bytes; at stage 0 a copy beside the master, at stages 1-2 the only "
-            "whole copy, at stage 3 rounded per gathered unit), 4-byte fp32 gradients; frozen "
+            "whole copy, at stage 3 gathered in 16 bits per use), 4-byte fp32 gradients; frozen "
             "matrices in their 2 bytes alone; activations fp32 (each product rounds its "
             "operands)\n",
             precision_name(cfg));
