@@ -496,12 +496,19 @@ void ZeroEngine::optimizer_step(float lr, float clip_coef) {
     return;
   }
   segments_.clear();
-  for (const OwnedRun& r : owned_)
+  for (const OwnedRun& r : owned_) {
     segments_.push_back({owned_value(r), shard_grads_.f32() + r.state_offset, r.state_offset,
                          r.end - r.begin, opt_->config().decays(r.param->kind)});
+    // Stages 1-2 under mixed precision: the update also rounds a matrix's run into its
+    // place in the unit's 16-bit image, which sync_working then gathers as it is.
+    if (working_ && nn::takes_half(*r.param)) {
+      const auto [u, at] = unit_of(*r.param);
+      segments_.back().half = {bits(units_[u].half) + at + r.begin, *cfg_.half};
+    }
+  }
   opt_->step(segments_, lr, clip_coef);
   if (working_)
-    sync_working();
+    sync_working(/*rounded=*/true);
   else if (cfg_.stage <= 2)
     sync_params();
   mark_updated();
@@ -528,22 +535,22 @@ void ZeroEngine::sync_params() {
   }
 }
 
-void ZeroEngine::sync_working() {
+void ZeroEngine::sync_working(bool rounded) {
   prof::ScopedPhase ph(prof::Phase::Comm);
   // Every unit's gathers in flight at once.
   for (size_t i = 0; i < units_.size(); ++i)
-    if (units_[i].len > 0) start_working_gather(i);
+    if (units_[i].len > 0) start_working_gather(i, rounded);
   for (size_t i = 0; i < units_.size(); ++i)
     if (units_[i].len > 0) finish_working_gather(i);
 }
 
-void ZeroEngine::start_working_gather(size_t i) {
+void ZeroEngine::start_working_gather(size_t i, bool rounded) {
   Unit& u = units_[i];
   const int64_t c = part_.piece[i], lo = part_.piece_begin(i), hi = part_.piece_end(i);
   const float* master = shard_values_.f32() + part_.shard_offset[i];
   if (u.half.defined()) {
     uint16_t* mine = bits(u.half) + lo;
-    if (hi > lo) kernels::to_half(*cfg_.half, master, mine, hi - lo);
+    if (hi > lo && !rounded) kernels::to_half(*cfg_.half, master, mine, hi - lo);
     u.gather = comm(i).iall_gather(mine, bits(u.half), c);
   }
   // Each rank's piece [lo, hi) holds up to small_max small elements, sent packed (padded

@@ -201,11 +201,13 @@ class ZeroEngine : public models::UnitHooks {
   void sync_params();                  // stage 1/2: all-gather the updated pieces
   // Stages 1-2 under mixed precision: the units' working weights from the master shards
   // (16-bit all-gather of the matrices, f32 of the rest), and the views onto them.
-  void sync_working();
+  // rounded: the optimizer step already wrote the updated matrices' 16-bit values into the
+  // image (only the small parameters' slots there, never read, are left as they were).
+  void sync_working(bool rounded = false);
   // One unit's part of it (stage 3: each gather): this rank's piece rounded into the
-  // allocated Unit::half and its small values packed, both all-gathers started; finish waits
-  // and unpacks the small values into Unit::small.
-  void start_working_gather(size_t unit);
+  // allocated Unit::half (unless `rounded`) and its small values packed, both all-gathers
+  // started; finish waits and unpacks the small values into Unit::small.
+  void start_working_gather(size_t unit, bool rounded = false);
   void finish_working_gather(size_t unit);
   void point_working(Unit& u);
   void mark_updated();  // the trainable values changed: their 16-bit copies are stale
