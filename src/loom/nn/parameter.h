@@ -57,9 +57,11 @@ struct HalfCopy {
   Tensor data;  // p.shape, BF16 or F16; undefined until first use
   bool stale = true;
   bool only = false;  // the weight itself (frozen, its f32 value dropped): never stale
-  // Written by the ZeRO engine (stages 1-2: a trained weight whose fp32 master is sharded,
-  // gathered in 16 bits after every step): never converted from an f32 value here.
+  // Written by the ZeRO engine (stages 1-3: a trained weight whose fp32 master is sharded,
+  // gathered in 16 bits): never converted from an f32 value here.
   bool gathered = false;
+  // Rounded from the parameter's own f32 value (lazily when stale, or by the optimizer).
+  bool from_value() const { return !only && !gathered; }
 };
 
 struct Parameter {

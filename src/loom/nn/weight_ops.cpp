@@ -27,7 +27,7 @@ const uint16_t* half_weight(const Parameter& w) {
     h.data = half_zeros(w.shape, h.format);
     h.stale = true;
   }
-  if (h.stale && !h.only && !h.gathered) {
+  if (h.stale && h.from_value()) {
     kernels::to_half(h.format, w.value.f32(), static_cast<uint16_t*>(h.data.raw()), h.data.numel());
     h.stale = false;
   }

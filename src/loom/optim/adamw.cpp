@@ -18,7 +18,7 @@ std::vector<AdamW::Segment> AdamW::segments_of(const nn::ParamStore& ps, const A
     segs.push_back({p->value.f32(), p->grad.f32(), static_cast<int64_t>(p->grad_offset),
                     p->value.numel(), cfg.decays(p->kind)});
     nn::HalfCopy* h = p->half.get();
-    if (h && !h->only && !h->gathered) {
+    if (h && h->from_value()) {
       if (!h->data.defined()) h->data = nn::half_zeros(p->shape, h->format);
       segs.back().half = {static_cast<uint16_t*>(h->data.raw()), h->format};
     }
@@ -41,7 +41,7 @@ void AdamW::step(std::span<const Segment> segs, float lr, float grad_scale) {
 void AdamW::step(nn::ParamStore& ps, float lr, float grad_scale) {
   step(segments_of(ps, cfg_), lr, grad_scale);
   for (auto& p : ps.all())
-    if (p->trainable && p->half && !p->half->only && !p->half->gathered) p->half->stale = false;
+    if (p->trainable && p->half && p->half->from_value()) p->half->stale = false;
 }
 
 }  // namespace loom::optim

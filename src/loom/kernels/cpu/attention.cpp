@@ -343,7 +343,8 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
         for (int64_t task = 0; task < tasks; ++task) {
           const int64_t h0 = g * group;
           bool pair_packed = false;
-          for (int64_t j = per_pair ? 0 : task; j < (per_pair ? strips : task + 1); ++j) {
+          const int64_t j0 = per_pair ? 0 : task, j1 = per_pair ? strips : task + 1;
+          for (int64_t j = j0; j < j1; ++j) {
             const int64_t t0 = j * kRows;
             const Strip s = training_strip(d, q, k, v, b, h0, t0, group);
             const float *KT = wk.KT.data(), *Vp = wk.Vp.data();
