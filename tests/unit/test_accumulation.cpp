@@ -1,6 +1,7 @@
 // Gradient accumulation gives exactly the gradient of one big batch, even when the
 // micro-batches hold different numbers of target tokens: the step's loss is one mean over
-// all its target tokens (not a mean of per-micro-batch means).
+// all its target tokens (not a mean of per-micro-batch means). The optimizer leaves the
+// gradients zero for the next step (ZeRO-0: cleared in AdamW's pass, no zeroing pass).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -50,19 +51,36 @@ TEST(Accumulation, EqualsOneBigBatch) {
   std::vector<int64_t> counts;
   train::Trainer big(tiny_config(3, 1), sft_like_data(&counts));
   train::Trainer acc(tiny_config(1, 3), sft_like_data(&counts));
+  // The step's gradients, as the optimizer is about to read them (clipping is applied
+  // inside it).
+  std::vector<float> ga, gb;
+  auto keep = [](train::Trainer& t, std::vector<float>& to) {
+    t.set_grad_hook([&t, &to] {
+      const Tensor g = t.model().params().flat_grads();
+      to.assign(g.f32(), g.f32() + g.numel());
+    });
+  };
+  keep(big, ga);
+  keep(acc, gb);
   for (int s = 0; s < 2; ++s) {
     train::StepStats a = big.step(), b = acc.step();
     EXPECT_EQ(a.target_tokens, b.target_tokens);
     EXPECT_NEAR(a.loss, b.loss, 1e-6 * std::fabs(a.loss));
     EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-5 * a.grad_norm);
-    // The step's gradients (left in the store; clipping is applied inside the optimizer).
-    const Tensor ga = big.model().params().flat_grads(), gb = acc.model().params().flat_grads();
+    ASSERT_EQ(ga.size(), gb.size());
     double num = 0, den = 0;
-    for (int64_t i = 0; i < ga.numel(); ++i) {
-      num += std::pow(double(ga.f32()[i]) - gb.f32()[i], 2);
-      den += std::pow(double(ga.f32()[i]), 2);
+    for (size_t i = 0; i < ga.size(); ++i) {
+      num += std::pow(double(ga[i]) - gb[i], 2);
+      den += std::pow(double(ga[i]), 2);
     }
+    EXPECT_GT(den, 0.0) << "step " << s;
     EXPECT_LT(std::sqrt(num / den), 1e-5) << "step " << s;
+    // The optimizer's pass left every gradient zero for the next step's accumulation (a
+    // step that added to the previous step's gradients would differ from step 2 on).
+    const Tensor left = acc.model().params().flat_grads();
+    int64_t nonzero = 0;
+    for (int64_t i = 0; i < left.numel(); ++i) nonzero += left.f32()[i] != 0.0f;
+    EXPECT_EQ(nonzero, 0) << "step " << s;
   }
 }
 

@@ -26,7 +26,7 @@ std::vector<AdamW::Segment> AdamW::segments_of(const nn::ParamStore& ps, const A
   return segs;
 }
 
-void AdamW::step(std::span<const Segment> segs, float lr, float grad_scale) {
+void AdamW::step(std::span<const Segment> segs, float lr, float grad_scale, bool clear_grads) {
   ++t_;
   for (const Segment& s : segs) {
     LOOM_CHECK(s.state_offset >= 0 && s.state_offset + s.n <= m_.numel(),
@@ -34,12 +34,12 @@ void AdamW::step(std::span<const Segment> segs, float lr, float grad_scale) {
     kernels::AdamWHyper h{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, s.decay ? cfg_.weight_decay : 0.0f,
                           t_, grad_scale};
     kernels::adamw_update(s.value, s.grad, m_.f32() + s.state_offset, v_.f32() + s.state_offset,
-                          s.n, h, s.half);
+                          s.n, h, s.half, clear_grads);
   }
 }
 
-void AdamW::step(nn::ParamStore& ps, float lr, float grad_scale) {
-  step(segments_of(ps, cfg_), lr, grad_scale);
+void AdamW::step(nn::ParamStore& ps, float lr, float grad_scale, bool clear_grads) {
+  step(segments_of(ps, cfg_), lr, grad_scale, clear_grads);
   for (auto& p : ps.all())
     if (p->trainable && p->half && p->half->from_value()) p->half->stale = false;
 }

@@ -32,7 +32,7 @@ class AdamW {
  public:
   struct Segment {
     float* value;
-    const float* grad;
+    float* grad;
     int64_t state_offset;  // where its moments start in exp_avg / exp_avg_sq
     int64_t n;
     bool decay;
@@ -47,9 +47,11 @@ class AdamW {
   static std::vector<Segment> segments_of(const nn::ParamStore& ps, const AdamWConfig& cfg);
 
   // One update with learning rate `lr` (the schedule's value for this step); gradients
-  // are read multiplied by grad_scale (the clipping coefficient).
-  void step(std::span<const Segment> segs, float lr, float grad_scale = 1.0f);
-  void step(nn::ParamStore& ps, float lr, float grad_scale = 1.0f);
+  // are read multiplied by grad_scale (the clipping coefficient). clear_grads: each
+  // segment's gradient is left zero (the engine's next accumulation needs no zeroing pass).
+  void step(std::span<const Segment> segs, float lr, float grad_scale = 1.0f,
+            bool clear_grads = false);
+  void step(nn::ParamStore& ps, float lr, float grad_scale = 1.0f, bool clear_grads = false);
 
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }  // resuming from a checkpoint

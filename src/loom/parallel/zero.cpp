@@ -375,7 +375,8 @@ float* ZeroEngine::owned_value(const OwnedRun& r) {
 // Step path
 
 void ZeroEngine::zero_grads() {
-  if (cfg_.stage <= 1) model_.params().zero_grads();
+  if (cfg_.stage <= 1 && !grads_cleared_) model_.params().zero_grads();
+  grads_cleared_ = false;
   if (cfg_.stage >= 1) shard_grads_.zero_();
 }
 
@@ -492,7 +493,8 @@ void ZeroEngine::optimizer_step(float lr, float clip_coef) {
   drop_prefetches();
   if (cfg_.stage == 0) {
     mark_updated();  // before: the step itself rewrites (and marks fresh) the 16-bit copies
-    opt_->step(model_.params(), lr, clip_coef);
+    opt_->step(model_.params(), lr, clip_coef, /*clear_grads=*/true);
+    grads_cleared_ = true;
     return;
   }
   segments_.clear();

@@ -235,6 +235,9 @@ class ZeroEngine : public models::UnitHooks {
   bool working_ = false;               // stages 1-2 with cfg_.half: Unit::half / Unit::small
   bool gather16_ = false;              // stage 3 with cfg_.half: gathered as half / small
   bool last_micro_ = true, in_backward_ = false;
+  // Stage 0: the last optimizer step left every gradient zero (AdamW's clear_grads), so the
+  // next zero_grads has nothing to do. A skipped fp16 step leaves them as they are.
+  bool grads_cleared_ = false;
   ZeroMemory mem_;
 };
 

@@ -7,10 +7,10 @@
 namespace loom::kernels {
 
 namespace {
-// The update, and the 16-bit copy's rounding R (none: 0, bf16: 1, fp16: 2) as a constant so
-// each loop vectorises without a branch.
-template <int R>
-void update(float* p, const float* g, float* m, float* v, uint16_t* half, int64_t n,
+// The update, the 16-bit copy's rounding R (none: 0, bf16: 1, fp16: 2) and the gradient's
+// clearing Z as constants so each loop vectorises without a branch.
+template <int R, bool Z>
+void update(float* p, float* g, float* m, float* v, uint16_t* half, int64_t n,
             const AdamWHyper& h) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(h.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(h.step));
@@ -21,6 +21,7 @@ void update(float* p, const float* g, float* m, float* v, uint16_t* half, int64_
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i] * gs;
+    if constexpr (Z) g[i] = 0.0f;
     const float mi = b1 * m[i] + (1.0f - b1) * gi;
     const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
     m[i] = mi;
@@ -31,14 +32,21 @@ void update(float* p, const float* g, float* m, float* v, uint16_t* half, int64_
     if constexpr (R == 2) half[i] = to_f16(pi);
   }
 }
+
+template <bool Z>
+void dispatch(float* p, float* g, float* m, float* v, int64_t n, const AdamWHyper& h,
+              HalfOut half) {
+  if (!half.data) return update<0, Z>(p, g, m, v, nullptr, n, h);
+  if (half.format == Half::bf16) return update<1, Z>(p, g, m, v, half.data, n, h);
+  update<2, Z>(p, g, m, v, half.data, n, h);
+}
 }  // namespace
 
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWHyper& h,
-                  HalfOut half) {
+void adamw_update(float* p, float* g, float* m, float* v, int64_t n, const AdamWHyper& h,
+                  HalfOut half, bool clear_grad) {
   prof::ScopedPhase ph(prof::Phase::Optimizer);
-  if (!half.data) return update<0>(p, g, m, v, nullptr, n, h);
-  if (half.format == Half::bf16) return update<1>(p, g, m, v, half.data, n, h);
-  update<2>(p, g, m, v, half.data, n, h);
+  if (clear_grad) return dispatch<true>(p, g, m, v, n, h, half);
+  dispatch<false>(p, g, m, v, n, h, half);
 }
 
 }  // namespace loom::kernels

@@ -6,6 +6,8 @@
 // t is the 1-based step count. One pass over p, g, m, v: the optimizer is memory-bound.
 // With `half` the updated p is also written rounded to that 16-bit format (mixed
 // precision's working copy of the weight), in the same pass instead of a second one over p.
+// With clear_grad g is left zero, ready for the next step's accumulation: a write in this
+// pass instead of a separate zeroing pass over every gradient (~27 ms of GPT-2 124M's step).
 #pragma once
 
 #include <cstdint>
@@ -25,7 +27,7 @@ struct HalfOut {
   Half format = Half::bf16;
 };
 
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWHyper& h,
-                  HalfOut half = {});
+void adamw_update(float* p, float* g, float* m, float* v, int64_t n, const AdamWHyper& h,
+                  HalfOut half = {}, bool clear_grad = false);
 
 }  // namespace loom::kernels
