@@ -290,9 +290,14 @@ TEST(CrashSafety, KillDuringCheckpointWritesLeavesOnlyCheckpointsThatResume) {
     return test::loom_binary() + (ranks == 1 ? " train " : " launch -n 2 -- train ") + cfg.string();
   };
   std::map<int, std::map<int64_t, double>> reference;  // by rank count
+  std::map<int, int64_t> run_ms;  // how long an uninterrupted run takes here, by rank count
   for (int ranks : {1, 2}) {
     const std::string name = "reference" + std::to_string(ranks);
+    const auto t0 = std::chrono::steady_clock::now();
     auto [code, out] = test::run_command(command(ranks, write_job(tmp.path, name, c)));
+    run_ms[ranks] =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     ASSERT_EQ(code, 0) << out;
     reference[ranks] = losses_by_step(tmp.path / name / "metrics.jsonl");
   }
@@ -305,7 +310,10 @@ TEST(CrashSafety, KillDuringCheckpointWritesLeavesOnlyCheckpointsThatResume) {
     const fs::path cfg = write_job(tmp.path, name, c);
     const pid_t pid = spawn(command(ranks, cfg), tmp.path / (name + ".log"));
     ASSERT_TRUE(wait_for_steps(tmp.path / name / "metrics.jsonl", 1));
-    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 600));
+    // A moment within the run (writing a checkpoint a step makes it longer than the
+    // reference's): a fixed range ended most runs first on a fast machine.
+    std::this_thread::sleep_for(std::chrono::milliseconds(
+        rng() % static_cast<uint64_t>(std::max<int64_t>(100, run_ms[ranks] * 3 / 4))));
     if (ranks == 1) {
       ::kill(pid, SIGKILL);
     } else {
