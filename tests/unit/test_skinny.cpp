@@ -1,8 +1,9 @@
 // kernels/cpu/skinny.h against cblas_sgemm, over ranks that exercise the blocks of eight and
 // their remainders, widths with and without a tail of W % 8 columns, and row counts below
-// and above the kernels' threshold for threads.
+// and above the kernels' threshold for threads and their chunk of 64 rows.
 #include <cblas.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <vector>
@@ -73,15 +74,81 @@ TEST(Skinny, EqualsBlas) {
         for (int64_t i = 0; i < N * W; ++i) refw[i] += Y0[i];
         expect_close(yw, refw, scalew, "nn_add");
 
-        // G += alpha U^T X.
-        std::vector<float> g = G0, refg = G0, scaleg(r * W);
-        kernels::skinny_tn_add(g.data(), U.data(), X.data(), N, W, r, alpha);
+        // Y = alpha X M^T and G += alpha U^T X in one pass (LoRA's B side), either alone.
+        std::vector<float> refg = G0, scaleg(r * W);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, W, N, alpha, U.data(), r, X.data(),
                     W, 1.0f, refg.data(), W);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, W, N, alpha, absU.data(), r,
                     absX.data(), W, 0.0f, scaleg.data(), W);
-        expect_close(g, refg, scaleg, "tn_add");
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, r, W, alpha, X.data(), W, M.data(),
+                    W, 0.0f, ref.data(), r);
+        std::vector<float> g = G0;
+        kernels::skinny_nt_tn(y.data(), g.data(), X.data(), M.data(), U.data(), N, W, r, alpha);
+        expect_close(y, ref, scale, "nt_tn: Y");
+        expect_close(g, refg, scaleg, "nt_tn: G");
+        g = G0;
+        kernels::skinny_nt_tn(nullptr, g.data(), X.data(), M.data(), U.data(), N, W, r, alpha);
+        expect_close(g, refg, scaleg, "nt_tn: G alone");
+        std::fill(y.begin(), y.end(), 0.0f);
+        kernels::skinny_nt_tn(y.data(), nullptr, X.data(), M.data(), U.data(), N, W, r, alpha);
+        expect_close(y, ref, scale, "nt_tn: Y alone");
+
+        // Y += mask (alpha D M) and G += alpha U^T (mask X) in one pass (LoRA's A side), the
+        // mask a diagonal map (test_op), with and without it; D and U differ (tensor
+        // parallelism's local and summed du).
+        const std::vector<float> D = normal(N * r, 6);
+        std::vector<float> absD(D.size());
+        for (size_t i = 0; i < D.size(); ++i) absD[i] = std::fabs(D[i]);
+        for (const bool masked : {false, true}) {
+          SCOPED_TRACE(masked ? "masked" : "no mask");
+          const std::vector<float>& Xm = masked ? Xop : X;
+          kernels::RowOp op;
+          if (masked) op = [W](int64_t n, float* v) { test_op(n, v, W); };
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, W, r, alpha, D.data(), r,
+                      M.data(), W, 0.0f, refw.data(), W);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, W, r, alpha, absD.data(), r,
+                      absM.data(), W, 0.0f, scalew.data(), W);
+          for (int64_t n = 0; masked && n < N; ++n) test_op(n, refw.data() + n * W, W);
+          for (int64_t i = 0; i < N * W; ++i) refw[i] += Y0[i];
+          refg = G0;
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, W, N, alpha, U.data(), r,
+                      Xm.data(), W, 1.0f, refg.data(), W);
+          yw = Y0;
+          g = G0;
+          kernels::skinny_nn_tn(yw.data(), g.data(), D.data(), U.data(), M.data(), X.data(), N, W,
+                                r, alpha, op);
+          expect_close(yw, refw, scalew, "nn_tn: Y");
+          expect_close(g, refg, scaleg, "nn_tn: G");
+          g = G0;
+          kernels::skinny_nn_tn(nullptr, g.data(), D.data(), U.data(), M.data(), X.data(), N, W, r,
+                                alpha, op);
+          expect_close(g, refg, scaleg, "nn_tn: G alone");
+          yw = Y0;
+          kernels::skinny_nn_tn(yw.data(), nullptr, D.data(), U.data(), M.data(), X.data(), N, W, r,
+                                alpha, op);
+          expect_close(yw, refw, scalew, "nn_tn: Y alone");
+        }
       }
+}
+
+// The column sums go by fixed chunks of rows added in chunk order: the same bits on one
+// thread as on two (LoRA's gradients do not depend on OMP_NUM_THREADS).
+TEST(Skinny, ColumnSumsDoNotDependOnTheThreadCount) {
+  const int64_t N = 1000, W = 576, r = 8;
+  const std::vector<float> X = normal(N * W, 1), M = normal(r * W, 2), U = normal(N * r, 3);
+  std::vector<float> g[2], y[2];
+  const int threads = omp_get_max_threads();
+  for (int t = 0; t < 2; ++t) {
+    omp_set_num_threads(t == 0 ? 1 : 2);
+    g[t].assign(r * W, 0.0f);
+    y[t].assign(N * r, 0.0f);
+    kernels::skinny_nt_tn(y[t].data(), g[t].data(), X.data(), M.data(), U.data(), N, W, r, 1.0f);
+    kernels::skinny_nn_tn(nullptr, g[t].data(), U.data(), U.data(), M.data(), X.data(), N, W, r,
+                          0.5f, [W](int64_t n, float* v) { test_op(n, v, W); });
+  }
+  omp_set_num_threads(threads);
+  EXPECT_EQ(g[0], g[1]);
+  EXPECT_EQ(y[0], y[1]);
 }
 
 }  // namespace

@@ -51,15 +51,6 @@ LoRA::LoRA(ParamStore& ps, const std::string& linear_name, int64_t in, int64_t o
 }
 
 namespace {
-// The dropped input for dA is not kept between forward and backward (it would cost an
-// [N, in] copy per LoRA layer): the mask is a function of the position, so backward rebuilds
-// it in this workspace, which every LoRA layer of the thread shares.
-float* workspace(int64_t n) {
-  static thread_local std::vector<float> buf;
-  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
-  return buf.data();
-}
-
 // B [out, r] as B^T [r, out], the layout the skinny kernels stream along out.
 std::vector<float> transposed(const float* B, int64_t out, int64_t r) {
   std::vector<float> t(static_cast<size_t>(out * r));
@@ -107,74 +98,41 @@ void LoRA::backward(const Tensor& dy, const Tensor& dx) {
   const int64_t N = u_.dim(0), r = spec_.r;
   const float s = spec_.scale();
   const std::vector<float> bt = transposed(b_->value.f32(), out_, r);
-  // du[N, r] = s * dy @ B. Column split: dy_r, B_r are this rank's outputs only, so this is
-  // its part of du (with replicated KV slices, dy_r is also only this rank's query heads'
-  // part of the slice's gradient; dy is not summed over the replicas here, only dB is
-  // below, so the parts of every rank add up to du exactly once).
+  // du[N, r] = s * dy @ B and dB[out, r] += s * dy^T u (summed as dB^T [r, out] = s * u^T dy),
+  // in one pass over dy. Column split: dy_r, B_r are this rank's outputs only, so du is its
+  // part (with replicated KV slices, dy_r is also only this rank's query heads' part of the
+  // slice's gradient; dy is not summed over the replicas here, only dB is below, so the parts
+  // of every rank add up to du exactly once).
   Tensor du = Tensor::zeros({N, r});
-  kernels::skinny_nt(du.f32(), dy.f32(), bt.data(), N, out_, r, s);
-  // dB[out, r] += s * dy^T u, summed as dB^T [r, out] = s * u^T dy.
+  std::vector<float> dbt(b_->trainable ? static_cast<size_t>(r * out_) : 0, 0.0f);
+  kernels::skinny_nt_tn(du.f32(), b_->trainable ? dbt.data() : nullptr, dy.f32(), bt.data(),
+                        u_.f32(), N, out_, r, s);
   if (b_->trainable) {
-    std::vector<float> dbt(static_cast<size_t>(r * out_), 0.0f);
-    kernels::skinny_tn_add(dbt.data(), u_.f32(), dy.f32(), N, out_, r, s);
     // A replicated slice: B's gradient is summed over its replicas, as W's is.
     if (split_dim_ == 0 && replicas_ > 1) sum_over_replicas(tp_, replicas_, dbt.data(), r * out_);
     float* g = b_->grad.f32();
     for (int64_t o = 0; o < out_; ++o)
       for (int64_t j = 0; j < r; ++j) g[o * r + j] += dbt[j * out_ + o];
   }
-  // dx[N, in] += dropout'(du @ A) and dA[r, in] += du^T xd, with the whole du. Under dropout
-  // each row's mask is hashed once (as multipliers, 0 or 1/(1-p)) for both: it scales the
-  // row of du A as that is added to dx and writes the row of xd = dropout(x) that dA reads
-  // from a workspace the LoRA layers of the thread share.
-  const float* xd = x_.f32();
-  if (dropped_) {
-    float* w = workspace(N * in_);
-    const DropoutMask mask(spec_.dropout, *ctx_, stream_, col0_);
-    const float* x = x_.f32();
-    const int64_t in = in_;
-    const int64_t* rows = rows_;
-    auto drop = [&mask, w, x, in, rows](int64_t n, float* v) {
-      static thread_local std::vector<float> mult;
-      mult.assign(static_cast<size_t>(in), 1.0f);
-      if (rows) {
-        mask.row_at(rows[n], mult.data(), in);
-      } else {
-        mask.row(n, mult.data(), in);
-      }
-      const float *m = mult.data(), *xr = x + n * in;
-      float* wr = w + n * in;
-      for (int64_t c = 0; c < in; ++c) wr[c] = xr[c] * m[c];
-      if (v)
-        for (int64_t c = 0; c < in; ++c) v[c] *= m[c];
-    };
-    if (dx.defined()) {
-      kernels::skinny_nn_add(dx.f32(), du.f32(), a_->value.f32(), N, in_, r, 1.0f, drop);
-    } else if (a_->trainable) {
-#pragma omp parallel for schedule(static)
-      for (int64_t n = 0; n < N; ++n) drop(n, nullptr);
-    }
-    xd = w;
-  } else if (dx.defined()) {
-    kernels::skinny_nn_add(dx.f32(), du.f32(), a_->value.f32(), N, in_, r, 1.0f);
+  Tensor du_sum = du;
+  if (a_->trainable && split_dim_ == 0) {
+    // Column split: A is replicated and needs the sum of the ranks' parts of du. B_r u is
+    // a column-parallel layer over the replicated u, so this is f's backward at u: one
+    // all-reduce of du [N, r] (a copy; dx below takes this rank's part), rather than of
+    // this backward's dA [r, in] (never of A's accumulated gradient, which holds earlier
+    // micro-batches too). N r floats are fewer than r in whenever a micro-batch has fewer
+    // tokens than the layer has inputs, no [r, in] scratch is needed, and every rank then
+    // computes dA from the same du and xd, so the replicated A gets the same gradient
+    // everywhere.
+    du_sum = Tensor::zeros({N, r});
+    du_sum.copy_from(du);
+    copy_to_region_backward(tp_, du_sum);
   }
-  if (a_->trainable) {
-    Tensor du_sum = du;
-    if (split_dim_ == 0) {
-      // Column split: A is replicated and needs the sum of the ranks' parts of du. B_r u is
-      // a column-parallel layer over the replicated u, so this is f's backward at u: one
-      // all-reduce of du [N, r] (a copy; dx above took this rank's part), rather than of
-      // this backward's dA [r, in] (never of A's accumulated gradient, which holds earlier
-      // micro-batches too). N r floats are fewer than r in whenever a micro-batch has fewer
-      // tokens than the layer has inputs, no [r, in] scratch is needed, and every rank then
-      // computes dA from the same du and xd, so the replicated A gets the same gradient
-      // everywhere.
-      du_sum = Tensor::zeros({N, r});
-      du_sum.copy_from(du);
-      copy_to_region_backward(tp_, du_sum);
-    }
-    kernels::skinny_tn_add(a_->grad.f32(), du_sum.f32(), xd, N, in_, r, 1.0f);
-  }
+  // dx[N, in] += dropout'(du @ A) and dA[r, in] += du^T xd, xd = dropout(x), in one pass
+  // over x: each row's mask is hashed once (as multipliers, 0 or 1/(1-p)) for both.
+  kernels::skinny_nn_tn(dx.defined() ? dx.f32() : nullptr, a_->trainable ? a_->grad.f32() : nullptr,
+                        du.f32(), du_sum.f32(), a_->value.f32(), x_.f32(), N, in_, r, 1.0f,
+                        dropout_op());
 }
 
 void LoRA::merge_into(float* W) const {

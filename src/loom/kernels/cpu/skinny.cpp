@@ -57,18 +57,17 @@ void combine(float* t, const float* a, const float* M, int64_t W, bool accumulat
   }
 }
 
-// G[j, c:c+L] += alpha * sum_n U[n, j] X[n, c:c+L], j in [0, J): one strip of L = kLanes
+// G[j, c:c+L] = sum_n U[n, j] X[n, c:c+L], j in [0, J), n in [0, N): one strip of L = kLanes
 // columns.
 template <int J>
-void strip(float* G, const float* U, int64_t r, const float* X, int64_t N, int64_t W, int64_t c,
-           float alpha) {
+void strip(float* G, const float* U, int64_t r, const float* X, int64_t N, int64_t W, int64_t c) {
   vf acc[J] = {};
   for (int64_t n = 0; n < N; ++n) {
     const vf xv = loadv(X + n * W + c);
     const float* u = U + n * r;
     for (int j = 0; j < J; ++j) acc[j] += u[j] * xv;
   }
-  for (int j = 0; j < J; ++j) storev(G + j * W + c, loadv(G + j * W + c) + alpha * acc[j]);
+  for (int j = 0; j < J; ++j) storev(G + j * W + c, acc[j]);
 }
 
 // f.template operator()<J>(j0) for the last `left` (< 8) indices, J = left as a constant.
@@ -122,20 +121,100 @@ void skinny_nn_add(float* Y, const float* U, const float* M, int64_t N, int64_t 
   }
 }
 
-void skinny_tn_add(float* G, const float* U, const float* X, int64_t N, int64_t W, int64_t r,
-                   float alpha) {
-  prof::ScopedPhase ph(prof::Phase::Gemm);
+namespace {
+// Rows per chunk of the fused kernels: 64 rows of a 1536-wide operand are 384 KiB, read from
+// memory by the row-wise product and again from L2 by the column sums.
+constexpr int64_t kChunkRows = 64;
+
+// G[r, W] = U[rows, r]^T X[rows, W] (set, not added), strips of kLanes columns, the rest scalar.
+void column_sums(float* G, const float* U, int64_t r, const float* X, int64_t rows, int64_t W) {
   const int64_t strips = W / kLanes;
-#pragma omp parallel for schedule(static) if (N * W >= kParallelMin)
   for (int64_t s = 0; s < strips; ++s)
-    by_eights(
-        r, [&]<int J>(int64_t j0) { strip<J>(G + j0 * W, U + j0, r, X, N, W, s * kLanes, alpha); });
-  for (int64_t c = strips * kLanes; c < W; ++c)  // the last W % kLanes columns
+    by_eights(r,
+              [&]<int J>(int64_t j0) { strip<J>(G + j0 * W, U + j0, r, X, rows, W, s * kLanes); });
+  for (int64_t c = strips * kLanes; c < W; ++c)
     for (int64_t j = 0; j < r; ++j) {
       float acc = 0.0f;
-      for (int64_t n = 0; n < N; ++n) acc += U[n * r + j] * X[n * W + c];
-      G[j * W + c] += alpha * acc;
+      for (int64_t n = 0; n < rows; ++n) acc += U[n * r + j] * X[n * W + c];
+      G[j * W + c] = acc;
     }
+}
+
+// The fused kernels' driver: each chunk of rows [n0, n1) runs rows(n0, n1), the row-wise
+// product, which returns the chunk's X rows as the column sums read them; then their sums
+// U_c^T X_c go to the chunk's own partial, and G[r, W] += alpha * (the partials in chunk
+// order), so the order does not depend on which thread ran which chunk.
+template <class Rows>
+void by_chunks(float* G, const float* U, int64_t N, int64_t W, int64_t r, float alpha,
+               Rows&& rows) {
+  const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;
+  static thread_local std::vector<float> partials;  // the calling thread's, shared with its team
+  if (G) partials.resize(static_cast<size_t>(chunks * r * W));
+  float* part = partials.data();
+#pragma omp parallel for schedule(static) if (N * W >= kParallelMin)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t n0 = c * kChunkRows, n1 = std::min(N, n0 + kChunkRows);
+    const float* xc = rows(n0, n1);
+    if (G) column_sums(part + c * r * W, U + n0 * r, r, xc, n1 - n0, W);
+  }
+  if (!G) return;
+  const int64_t n = r * W;
+#pragma omp parallel for schedule(static) if (n * chunks >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    float s = 0.0f;
+    for (int64_t c = 0; c < chunks; ++c) s += part[c * n + i];
+    G[i] += alpha * s;
+  }
+}
+}  // namespace
+
+void skinny_nt_tn(float* Y, float* G, const float* X, const float* M, const float* U, int64_t N,
+                  int64_t W, int64_t r, float alpha) {
+  prof::ScopedPhase ph(prof::Phase::Gemm);
+  if (!Y && !G) return;
+  by_chunks(G, U, N, W, r, alpha, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; Y && n < n1; ++n)
+      by_eights(
+          r, [&]<int J>(int64_t j0) { dots<J>(Y + n * r + j0, X + n * W, M + j0 * W, W, alpha); });
+    return X + n0 * W;
+  });
+}
+
+void skinny_nn_tn(float* Y, float* G, const float* D, const float* U, const float* M,
+                  const float* X, int64_t N, int64_t W, int64_t r, float alpha, const RowOp& mask) {
+  prof::ScopedPhase ph(prof::Phase::Gemm);
+  if (!Y && !G) return;
+  by_chunks(G, U, N, W, r, alpha, [&](int64_t n0, int64_t n1) {
+    float* mult = row_buffer(W);
+    static thread_local std::vector<float> masked;  // the chunk's mask * X rows
+    if (mask && G) masked.resize(static_cast<size_t>(kChunkRows * W));
+    static thread_local std::vector<float> t;
+    if (Y) t.resize(static_cast<size_t>(W));
+    for (int64_t n = n0; n < n1; ++n) {
+      if (mask) {
+        std::fill_n(mult, W, 1.0f);
+        mask(n, mult);
+      }
+      if (Y) {
+        float a[kRankBlock];
+        by_eights(r, [&]<int J>(int64_t j0) {
+          for (int j = 0; j < J; ++j) a[j] = alpha * D[n * r + j0 + j];
+          combine<J>(t.data(), a, M + j0 * W, W, j0 > 0);
+        });
+        float* y = Y + n * W;
+        if (mask)
+          for (int64_t c = 0; c < W; ++c) y[c] += t[c] * mult[c];
+        else
+          for (int64_t c = 0; c < W; ++c) y[c] += t[c];
+      }
+      if (mask && G) {
+        const float* x = X + n * W;
+        float* xm = masked.data() + (n - n0) * W;
+        for (int64_t c = 0; c < W; ++c) xm[c] = x[c] * mult[c];
+      }
+    }
+    return mask && G ? static_cast<const float*>(masked.data()) : X + n0 * W;
+  });
 }
 
 }  // namespace loom::kernels
