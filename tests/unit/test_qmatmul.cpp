@@ -45,6 +45,15 @@ TEST(QMatmul, EqualsBlasOnTheDequantizedMatrix) {
   kernels::qmatmul_forward(y.f32(), x.f32(), q, b.f32(), N);
   kernels::matmul_forward(ref.f32(), x.f32(), deq.f32(), b.f32(), N, C, OC);
   for (int64_t i = 0; i < y.numel(); ++i) ASSERT_NEAR(y.f32()[i], ref.f32()[i], 1e-4);
+  // Accumulating (a LoRA branch already in y): y + x W^T + b, bias included once.
+  Tensor acc = Tensor::zeros({N, OC});
+  test::fill_normal(acc, 6);
+  std::vector<float> start(acc.f32(), acc.f32() + acc.numel());
+  kernels::qmatmul_forward(acc.f32(), x.f32(), q, b.f32(), N, /*accumulate=*/true);
+  for (int64_t i = 0; i < y.numel(); ++i) ASSERT_NEAR(acc.f32()[i], start[i] + ref.f32()[i], 1e-4);
+  std::copy(start.begin(), start.end(), acc.f32());
+  kernels::matmul_forward(acc.f32(), x.f32(), deq.f32(), b.f32(), N, C, OC, /*accumulate=*/true);
+  for (int64_t i = 0; i < y.numel(); ++i) ASSERT_NEAR(acc.f32()[i], start[i] + ref.f32()[i], 1e-4);
   Tensor dy = Tensor::zeros({N, OC}), dx = Tensor::zeros({N, C}), dref = Tensor::zeros({N, C});
   test::fill_normal(dy, 4);
   test::fill_normal(dx, 5);

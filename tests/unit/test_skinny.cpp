@@ -64,15 +64,22 @@ TEST(Skinny, EqualsBlas) {
 
         // Y += op(alpha U M).
         std::vector<float> yw = Y0, refw(N * W), scalew(N * W);
-        kernels::skinny_nn_add(yw.data(), U.data(), M.data(), N, W, r, alpha,
-                               [W](int64_t n, float* v) { test_op(n, v, W); });
+        kernels::skinny_nn(yw.data(), U.data(), M.data(), N, W, r, alpha,
+                           [W](int64_t n, float* v) { test_op(n, v, W); });
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, W, r, alpha, U.data(), r,
                     M.data(), W, 0.0f, refw.data(), W);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, W, r, alpha, absU.data(), r,
                     absM.data(), W, 0.0f, scalew.data(), W);
         for (int64_t n = 0; n < N; ++n) test_op(n, refw.data() + n * W, W);
         for (int64_t i = 0; i < N * W; ++i) refw[i] += Y0[i];
-        expect_close(yw, refw, scalew, "nn_add");
+        expect_close(yw, refw, scalew, "nn (+=)");
+        // Y = op(alpha U M), whatever Y held.
+        std::vector<float> ys = Y0;
+        kernels::skinny_nn(
+            ys.data(), U.data(), M.data(), N, W, r, alpha,
+            [W](int64_t n, float* v) { test_op(n, v, W); }, false);
+        for (int64_t i = 0; i < N * W; ++i) refw[i] -= Y0[i];
+        expect_close(ys, refw, scalew, "nn (=)");
 
         // Y = alpha X M^T and G += alpha U^T X in one pass (LoRA's B side), either alone.
         std::vector<float> refg = G0, scaleg(r * W);

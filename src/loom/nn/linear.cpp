@@ -61,8 +61,8 @@ const Tensor& Linear::forward(const Tensor& x) {
   x_ = x;
   const int64_t N = x.numel() / in_;
   if (split_ != Split::row) {
-    weight_forward(y_.f32(), x.f32(), *w_, b_, N);
-    if (lora_) lora_->forward_add(x, y_);
+    if (lora_) lora_->forward_add(x, y_, 0, /*accumulate=*/false);  // the base adds onto it
+    weight_forward(y_.f32(), x.f32(), *w_, b_, N, /*accumulate=*/lora_ != nullptr);
     return y_;
   }
   // Row-parallel: partial sums over this rank's inputs, reduced, then the bias once.

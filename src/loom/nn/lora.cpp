@@ -75,7 +75,7 @@ kernels::RowOp LoRA::dropout_op() const {
 // The rank-r products go through kernels/cpu/skinny.h, one pass over the wide operand each
 // (BLAS packs x, dy and dx for every one of them and ran this branch at a tenth of its GEMM
 // rate: ~2 s of a 10 s SmolLM2 LoRA step with 210 branches).
-void LoRA::forward_add(const Tensor& x, const Tensor& y, int64_t row0) {
+void LoRA::forward_add(const Tensor& x, const Tensor& y, int64_t row0, bool accumulate) {
   prof::ScopedPhase ph(prof::Phase::Gemm);
   const int64_t N = x.numel() / in_, r = spec_.r;
   x_ = x;
@@ -88,9 +88,10 @@ void LoRA::forward_add(const Tensor& x, const Tensor& y, int64_t row0) {
   if (split_dim_ == 1) reduce_from_region_forward(tp_, u_);
   const int64_t rows = y.numel() / out_;
   LOOM_CHECK(row0 >= 0 && row0 + rows <= N, a_->name + ": output rows outside the input's");
-  // y[rows, out] += scale * u @ B^T
+  // y[rows, out] (=|+=) scale * u @ B^T
   const std::vector<float> bt = transposed(b_->value.f32(), out_, r);
-  kernels::skinny_nn_add(y.f32(), u_.f32() + row0 * r, bt.data(), rows, out_, r, spec_.scale());
+  kernels::skinny_nn(y.f32(), u_.f32() + row0 * r, bt.data(), rows, out_, r, spec_.scale(), {},
+                     accumulate);
 }
 
 void LoRA::backward(const Tensor& dy, const Tensor& dx) {

@@ -6,7 +6,9 @@
 // Parameter names are the Linear's plus ".lora_A.weight" / ".lora_B.weight" (PEFT's names
 // without the adapter name), so `base_model.model.` + name is PEFT's saved key.
 //   forward_add: x [N, in], y [N, out] += ...  (saves x and u = A xd [N, r]; the dropout
-//                mask is recomputed in backward, not stored)
+//                mask is recomputed in backward, not stored). With accumulate false y is
+//                set to the branch, and the base product then adds onto it (one pass over
+//                y fewer: BLAS zeroes y in its own pass for beta = 0)
 //   backward   : dy [N, out] -> dA, dB accumulate; dx [N, in] += (dropout') scale (dy B) A
 // Tensor parallel: the branch is split with the Linear it sits on (nn/linear.h), as
 // Megatron/NeMo split LoRA, and its parameters keep their PEFT names and full shapes (the
@@ -54,7 +56,7 @@ class LoRA {
   // y holds rows [row0, row0 + rows of y) of the N rows of x: a row-parallel layer under
   // sequence parallel adds the branch to its own token rows only (u is computed for all N;
   // its backward then takes the all-gathered dy [N, out]).
-  void forward_add(const Tensor& x, const Tensor& y, int64_t row0 = 0);
+  void forward_add(const Tensor& x, const Tensor& y, int64_t row0 = 0, bool accumulate = true);
   void backward(const Tensor& dy, const Tensor& dx);  // dx may be undefined
   // W [out, in] += scale * B @ A: the merged weight (export, or inference without the branch).
   // Under tensor parallelism W is this rank's shard, and B_r A or B A_r is exactly its slice.

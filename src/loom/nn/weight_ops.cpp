@@ -79,15 +79,16 @@ void mark_half_stale(const Parameter& p) {
   if (p.half) p.half->stale = true;
 }
 
-void weight_forward(float* y, const float* x, const Parameter& w, const Parameter* b, int64_t N) {
+void weight_forward(float* y, const float* x, const Parameter& w, const Parameter* b, int64_t N,
+                    bool accumulate) {
   const float* bias = b ? b->value.f32() : nullptr;
-  if (w.quantized()) return kernels::qmatmul_forward(y, x, *w.quant, bias, N);
+  if (w.quantized()) return kernels::qmatmul_forward(y, x, *w.quant, bias, N, accumulate);
   if (w.half) {
     const int64_t C = w.shape[1];
     return kernels::matmul_forward_half(w.half->format, y, rounded(w.half->format, x, N * C, 0),
-                                        half_weight(w), bias, N, C, w.shape[0]);
+                                        half_weight(w), bias, N, C, w.shape[0], accumulate);
   }
-  kernels::matmul_forward(y, x, w.value.f32(), bias, N, w.shape[1], w.shape[0]);
+  kernels::matmul_forward(y, x, w.value.f32(), bias, N, w.shape[1], w.shape[0], accumulate);
 }
 
 void weight_backward(float* dx, const float* dy, const float* x, Parameter& w, Parameter* b,

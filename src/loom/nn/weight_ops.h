@@ -4,7 +4,7 @@
 // GEMMs accumulate in fp32 (kernels/cpu/matmul_bf16.h), while the bias, the outputs and the
 // gradients stay fp32 - torch.autocast's rule for linear layers. Linear layers, LM heads
 // and embeddings call these, so a quantized or 16-bit base needs no code of its own elsewhere.
-//   weight_forward : y[N, out] = x[N, in] @ W^T (+ b)
+//   weight_forward : y[N, out] (=|+= with accumulate) x[N, in] @ W^T (+ b)
 //   weight_backward: dx[N, in] += dy @ W (dx may be null); dW += dy^T x and db += sum_n dy
 //                    when those parameters are trainable
 //   weight_rows    : out[n] (=|+=) W[ids[n]]  (embedding lookup; under mixed precision the
@@ -18,7 +18,8 @@
 
 namespace loom::nn {
 
-void weight_forward(float* y, const float* x, const Parameter& w, const Parameter* b, int64_t N);
+void weight_forward(float* y, const float* x, const Parameter& w, const Parameter* b, int64_t N,
+                    bool accumulate = false);
 void weight_backward(float* dx, const float* dy, const float* x, Parameter& w, Parameter* b,
                      int64_t N);
 void weight_rows(float* out, const int32_t* ids, int64_t N, const Parameter& w, bool accumulate);

@@ -8,14 +8,23 @@
 
 namespace loom::kernels {
 
-void matmul_forward(float* out, const float* inp, const float* W, const float* b, int64_t N,
-                    int64_t C, int64_t OC) {
-  prof::ScopedPhase ph(prof::Phase::Gemm);
-  float beta = 0.0f;
-  if (b) {
-    for (int64_t n = 0; n < N; ++n) std::memcpy(out + n * OC, b, OC * sizeof(float));
-    beta = 1.0f;
+float start_output(float* out, const float* b, int64_t N, int64_t cols, int64_t ld,
+                   bool accumulate) {
+  if (!b) return accumulate ? 1.0f : 0.0f;
+  for (int64_t n = 0; n < N; ++n) {
+    float* o = out + n * ld;
+    if (accumulate)
+      for (int64_t c = 0; c < cols; ++c) o[c] += b[c];
+    else
+      std::memcpy(o, b, cols * sizeof(float));
   }
+  return 1.0f;
+}
+
+void matmul_forward(float* out, const float* inp, const float* W, const float* b, int64_t N,
+                    int64_t C, int64_t OC, bool accumulate) {
+  prof::ScopedPhase ph(prof::Phase::Gemm);
+  const float beta = start_output(out, b, N, OC, OC, accumulate);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, W, C, beta, out, OC);
 }
 

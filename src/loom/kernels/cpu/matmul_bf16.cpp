@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "loom/kernels/cpu/matmul.h"
 #include "loom/util/error.h"
 #include "loom/util/profile.h"
 
@@ -187,12 +188,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
 }
 
 void matmul_forward_half(Half h, float* out, const uint16_t* inp, const uint16_t* W, const float* b,
-                         int64_t N, int64_t C, int64_t OC) {
-  float beta = 0.0f;
-  if (b) {
-    for (int64_t n = 0; n < N; ++n) std::memcpy(out + n * OC, b, OC * sizeof(float));
-    beta = 1.0f;
-  }
+                         int64_t N, int64_t C, int64_t OC, bool accumulate) {
+  const float beta = start_output(out, b, N, OC, OC, accumulate);
   gemm_half(h, false, true, N, OC, C, inp, C, W, C, beta, out, OC);
 }
 

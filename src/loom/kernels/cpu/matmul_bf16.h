@@ -30,7 +30,7 @@ void gemm_half(Half h, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
                int64_t ldc);
 
 void matmul_forward_half(Half h, float* out, const uint16_t* inp, const uint16_t* W, const float* b,
-                         int64_t N, int64_t C, int64_t OC);
+                         int64_t N, int64_t C, int64_t OC, bool accumulate = false);
 void matmul_backward_half(Half h, float* dinp, float* dW, float* db, const uint16_t* dout,
                           const uint16_t* inp, const uint16_t* W, int64_t N, int64_t C, int64_t OC);
 

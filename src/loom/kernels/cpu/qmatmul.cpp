@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/kernels/cpu/matmul.h"
 #include "loom/util/error.h"
 #include "loom/util/profile.h"
 
@@ -33,19 +34,15 @@ float* tile_buffer(int64_t n) {
 }
 }  // namespace
 
-void qmatmul_forward(float* out, const float* inp, const QuantMatrix& W, const float* b,
-                     int64_t N) {
+void qmatmul_forward(float* out, const float* inp, const QuantMatrix& W, const float* b, int64_t N,
+                     bool accumulate) {
   prof::ScopedPhase ph(prof::Phase::Gemm);
   const int64_t C = W.cols, OC = W.rows, R = tile_rows(W);
   float* tile = tile_buffer(R * C);
   for (int64_t r0 = 0; r0 < OC; r0 += R) {
     const int64_t r = std::min(R, OC - r0);
     W.dequantize_rows(r0, r0 + r, tile);
-    float beta = 0.0f;
-    if (b) {
-      for (int64_t n = 0; n < N; ++n) std::memcpy(out + n * OC + r0, b + r0, r * sizeof(float));
-      beta = 1.0f;
-    }
+    const float beta = start_output(out + r0, b ? b + r0 : nullptr, N, r, OC, accumulate);
     // out[:, r0:r0+r] = inp @ tile^T
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, r, C, 1.0f, inp, C, tile, C, beta,
                 out + r0, OC);

@@ -13,7 +13,8 @@
 
 namespace loom::kernels {
 
-void qmatmul_forward(float* out, const float* inp, const QuantMatrix& W, const float* b, int64_t N);
+void qmatmul_forward(float* out, const float* inp, const QuantMatrix& W, const float* b, int64_t N,
+                     bool accumulate = false);
 void qmatmul_backward(float* dinp, const float* dout, const QuantMatrix& W, int64_t N);
 void qembedding_forward(float* out, const int32_t* ids, int64_t N, const QuantMatrix& W,
                         bool accumulate);

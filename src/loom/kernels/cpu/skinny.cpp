@@ -104,20 +104,21 @@ void skinny_nt(float* Y, const float* X, const float* M, int64_t N, int64_t W, i
   }
 }
 
-void skinny_nn_add(float* Y, const float* U, const float* M, int64_t N, int64_t W, int64_t r,
-                   float alpha, const RowOp& op) {
+void skinny_nn(float* Y, const float* U, const float* M, int64_t N, int64_t W, int64_t r,
+               float alpha, const RowOp& op, bool accumulate) {
   prof::ScopedPhase ph(prof::Phase::Gemm);
 #pragma omp parallel for schedule(static) if (N * W >= kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
     float a[kRankBlock];
-    float* t = row_buffer(W);
+    float* y = Y + n * W;
+    float* t = accumulate ? row_buffer(W) : y;  // set: the row is built in place
     by_eights(r, [&]<int J>(int64_t j0) {
       for (int j = 0; j < J; ++j) a[j] = alpha * U[n * r + j0 + j];
       combine<J>(t, a, M + j0 * W, W, j0 > 0);
     });
     if (op) op(n, t);
-    float* y = Y + n * W;
-    for (int64_t c = 0; c < W; ++c) y[c] += t[c];
+    if (accumulate)
+      for (int64_t c = 0; c < W; ++c) y[c] += t[c];
   }
 }
 

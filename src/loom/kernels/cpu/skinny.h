@@ -4,8 +4,8 @@
 // 576] @ A^T with r = 8: 16 GFLOP/s, 4 GB/s of x). Here each is one pass over the wide operand
 // with the rank's accumulators in registers. Row-major throughout:
 //   skinny_nt    : Y[N, r]  = alpha * X[N, W] @ M[r, W]^T
-//   skinny_nn_add: Y[N, W] += op(alpha * U[N, r] @ M[r, W])
-// op (optional) transforms each result row in place before it is added, and x_op each row of
+//   skinny_nn    : Y[N, W] (=|+=) op(alpha * U[N, r] @ M[r, W])  (+= with accumulate)
+// op (optional) transforms each result row in place before it is stored, and x_op each row of
 // X before it is used (LoRA's dropout: nn/dropout.h), with the row's index in [0, N).
 // LoRA's backward needs a column sum G[r, W] += U^T X beside each row-wise product over the
 // same X; the fused kernels read X once for both, in chunks of rows that stay in cache for
@@ -28,8 +28,8 @@ using RowOp = std::function<void(int64_t row, float* v)>;
 
 void skinny_nt(float* Y, const float* X, const float* M, int64_t N, int64_t W, int64_t r,
                float alpha, const RowOp& x_op = {});
-void skinny_nn_add(float* Y, const float* U, const float* M, int64_t N, int64_t W, int64_t r,
-                   float alpha, const RowOp& op = {});
+void skinny_nn(float* Y, const float* U, const float* M, int64_t N, int64_t W, int64_t r,
+               float alpha, const RowOp& op = {}, bool accumulate = true);
 void skinny_nt_tn(float* Y, float* G, const float* X, const float* M, const float* U, int64_t N,
                   int64_t W, int64_t r, float alpha);
 void skinny_nn_tn(float* Y, float* G, const float* D, const float* U, const float* M,
