@@ -8,6 +8,7 @@
 #include "loom/kernels/cpu/matmul_bf16.h"
 #include "loom/kernels/cpu/qmatmul.h"
 #include "loom/util/error.h"
+#include "loom/util/profile.h"
 
 namespace loom::nn {
 
@@ -37,6 +38,8 @@ const uint16_t* half_weight(const Parameter& w) {
 // An fp32 activation rounded to the 16-bit format, in a per-thread buffer reused across calls
 // (slot: two operands of one product are live at once).
 const uint16_t* rounded(kernels::Half f, const float* x, int64_t n, int slot) {
+  // The 16-bit GEMM's operand preparation, timed with it (as BLAS's own packing is).
+  prof::ScopedPhase ph(prof::Phase::Gemm);
   thread_local std::vector<uint16_t> buf[2];
   buf[slot].resize(static_cast<size_t>(n));
   kernels::to_half(f, x, buf[slot].data(), n);
