@@ -32,7 +32,7 @@ const Tensor& BottleneckAdapter::forward(const Tensor& h) {
 void BottleneckAdapter::backward(const Tensor& dy, const Tensor& dh, Scratch& scratch) {
   Tensor dact = scratch.zeros("adapter.dact", act_.shape());
   up_.backward(dy, dact);
-  Tensor dd = scratch.zeros("adapter.dd", act_.shape());
+  Tensor dd = scratch.take("adapter.dd", act_.shape());  // written whole below
   if (spec_.activation == "gelu")
     kernels::gelu_backward(dd.f32(), down_.output().f32(), dact.f32(), dd.numel());
   else

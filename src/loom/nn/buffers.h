@@ -1,7 +1,8 @@
 // Activation buffers. A module owns its outputs and the activations its backward needs,
 // (re)allocated only when the batch shape changes. Gradient scratch that is dead after
 // one module's backward comes from a Scratch shared by all layers, so its memory does
-// not grow with depth.
+// not grow with depth: zeroed for a gradient that is accumulated into, or as the slot's
+// last user left it for one that its producer writes whole (take: no zeroing pass).
 #pragma once
 
 #include <map>
@@ -21,14 +22,15 @@ class Scratch {
  public:
   // A zero-filled buffer for `slot`; the same slot reuses one allocation.
   Tensor zeros(const std::string& slot, const Shape& shape) {
+    Tensor v = take(slot, shape);
+    kernels::zero(v.f32(), v.numel());
+    return v;
+  }
+  // The same buffer unzeroed: the caller writes every element before reading any.
+  Tensor take(const std::string& slot, const Shape& shape) {
     Tensor& t = slots_[slot];
-    if (t.defined() && t.numel() >= shape_numel(shape)) {
-      Tensor v = t.slice0(0, shape_numel(shape)).reshape(shape);
-      kernels::zero(v.f32(), v.numel());
-      return v;
-    }
-    t = Tensor::zeros({shape_numel(shape)});
-    return t.reshape(shape);
+    if (!t.defined() || t.numel() < shape_numel(shape)) t = Tensor::zeros({shape_numel(shape)});
+    return t.slice0(0, shape_numel(shape)).reshape(shape);
   }
 
  private:

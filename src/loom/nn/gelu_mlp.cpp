@@ -19,7 +19,7 @@ const Tensor& GeluMLP::forward(const Tensor& x) {
 void GeluMLP::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch) {
   Tensor dg = scratch.zeros("mlp.dg", g_.shape());
   c_proj_.backward(dy, dg);
-  Tensor dh = scratch.zeros("mlp.dh", g_.shape());
+  Tensor dh = scratch.take("mlp.dh", g_.shape());  // written whole by gelu_backward
   kernels::gelu_backward(dh.f32(), c_fc_.output().f32(), dg.f32(), dh.numel());
   c_fc_.backward(dh, dx);
 }

@@ -21,8 +21,8 @@ const Tensor& SwiGluMLP::forward(const Tensor& x) {
 void SwiGluMLP::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch) {
   Tensor dh = scratch.zeros("swiglu.dh", h_.shape());
   down_.backward(dy, dh);
-  Tensor dg = scratch.zeros("swiglu.dg", h_.shape());
-  Tensor du = scratch.zeros("swiglu.du", h_.shape());
+  Tensor dg = scratch.take("swiglu.dg", h_.shape());  // written whole by swiglu_backward
+  Tensor du = scratch.take("swiglu.du", h_.shape());
   kernels::swiglu_backward(dg.f32(), du.f32(), dh.f32(), gate_.output().f32(), up_.output().f32(),
                            h_.numel());
   gate_.backward(dg, dx);

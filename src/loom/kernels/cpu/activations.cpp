@@ -42,7 +42,7 @@ void gelu_backward(float* dx, const float* x, const float* dy, int64_t n) {
       float th = vtanh(u);
       float sech2 = 1.0f - th * th;
       float du = kGeluScale * (1.0f + 3.0f * 0.044715f * xi * xi);
-      dx[i] += dy[i] * (0.5f * (1.0f + th) + 0.5f * xi * sech2 * du);
+      dx[i] = dy[i] * (0.5f * (1.0f + th) + 0.5f * xi * sech2 * du);
     }
   }
 }
@@ -70,8 +70,8 @@ void swiglu_backward(float* dg, float* du, const float* dh, const float* g, cons
     for (int64_t i = b0; i < b1; ++i) {
       const float sig = 1.0f / (1.0f + vexp(-g[i]));
       const float silu = g[i] * sig;
-      dg[i] += dh[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
-      du[i] += dh[i] * silu;
+      dg[i] = dh[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+      du[i] = dh[i] * silu;
     }
   }
 }
@@ -85,7 +85,7 @@ void relu_forward(float* y, const float* x, int64_t n) {
 void relu_backward(float* dx, const float* x, const float* dy, int64_t n) {
   prof::ScopedPhase ph(prof::Phase::Activation);
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) dx[i] += x[i] > 0.0f ? dy[i] : 0.0f;
+  for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
 }
 
 }  // namespace loom::kernels
