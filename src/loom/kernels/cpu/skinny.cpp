@@ -17,10 +17,11 @@ constexpr int64_t kLanes = kVecWidth;
 // Below this many wide elements a product runs on the calling thread alone.
 constexpr int64_t kParallelMin = int64_t{1} << 15;
 
-float* row_buffer(int64_t n) {
-  static thread_local std::vector<float> buf;
-  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
-  return buf.data();
+// A per-thread scratch row of n floats; `slot` tells apart rows live at the same time.
+float* row_buffer(int64_t n, int slot = 0) {
+  static thread_local std::vector<float> buf[2];
+  if (static_cast<int64_t>(buf[slot].size()) < n) buf[slot].resize(static_cast<size_t>(n));
+  return buf[slot].data();
 }
 
 // y[j] = alpha * x . M[j], j in [0, J): J dot products of length W in one pass over x.
@@ -86,6 +87,20 @@ void by_eights(int64_t r, F&& f) {
   for (; j0 + kRankBlock <= r; j0 += kRankBlock) f.template operator()<kRankBlock>(j0);
   remainder<7>(r - j0, j0, f);
 }
+
+// y[0, r) = alpha * x[W] @ M[r, W]^T: one row of skinny_nt.
+void dots_row(float* y, const float* x, const float* M, int64_t W, int64_t r, float alpha) {
+  by_eights(r, [&]<int J>(int64_t j0) { dots<J>(y + j0, x, M + j0 * W, W, alpha); });
+}
+
+// t[W] = alpha * u[r] @ M[r, W]: one row of skinny_nn.
+void combine_row(float* t, const float* u, const float* M, int64_t W, int64_t r, float alpha) {
+  float a[kRankBlock];
+  by_eights(r, [&]<int J>(int64_t j0) {
+    for (int j = 0; j < J; ++j) a[j] = alpha * u[j0 + j];
+    combine<J>(t, a, M + j0 * W, W, j0 > 0);
+  });
+}
 }  // namespace
 
 void skinny_nt(float* Y, const float* X, const float* M, int64_t N, int64_t W, int64_t r,
@@ -100,7 +115,7 @@ void skinny_nt(float* Y, const float* X, const float* M, int64_t N, int64_t W, i
       x_op(n, t);
       x = t;
     }
-    by_eights(r, [&]<int J>(int64_t j0) { dots<J>(Y + n * r + j0, x, M + j0 * W, W, alpha); });
+    dots_row(Y + n * r, x, M, W, r, alpha);
   }
 }
 
@@ -109,13 +124,9 @@ void skinny_nn(float* Y, const float* U, const float* M, int64_t N, int64_t W, i
   prof::ScopedPhase ph(prof::Phase::Gemm);
 #pragma omp parallel for schedule(static) if (N * W >= kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
-    float a[kRankBlock];
     float* y = Y + n * W;
     float* t = accumulate ? row_buffer(W) : y;  // set: the row is built in place
-    by_eights(r, [&]<int J>(int64_t j0) {
-      for (int j = 0; j < J; ++j) a[j] = alpha * U[n * r + j0 + j];
-      combine<J>(t, a, M + j0 * W, W, j0 > 0);
-    });
+    combine_row(t, U + n * r, M, W, r, alpha);
     if (op) op(n, t);
     if (accumulate)
       for (int64_t c = 0; c < W; ++c) y[c] += t[c];
@@ -174,9 +185,7 @@ void skinny_nt_tn(float* Y, float* G, const float* X, const float* M, const floa
   prof::ScopedPhase ph(prof::Phase::Gemm);
   if (!Y && !G) return;
   by_chunks(G, U, N, W, r, alpha, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; Y && n < n1; ++n)
-      by_eights(
-          r, [&]<int J>(int64_t j0) { dots<J>(Y + n * r + j0, X + n * W, M + j0 * W, W, alpha); });
+    for (int64_t n = n0; Y && n < n1; ++n) dots_row(Y + n * r, X + n * W, M, W, r, alpha);
     return X + n0 * W;
   });
 }
@@ -186,22 +195,16 @@ void skinny_nn_tn(float* Y, float* G, const float* D, const float* U, const floa
   prof::ScopedPhase ph(prof::Phase::Gemm);
   if (!Y && !G) return;
   by_chunks(G, U, N, W, r, alpha, [&](int64_t n0, int64_t n1) {
-    float* mult = row_buffer(W);
+    float *mult = row_buffer(W, 0), *t = row_buffer(W, 1);
     static thread_local std::vector<float> masked;  // the chunk's mask * X rows
     if (mask && G) masked.resize(static_cast<size_t>(kChunkRows * W));
-    static thread_local std::vector<float> t;
-    if (Y) t.resize(static_cast<size_t>(W));
     for (int64_t n = n0; n < n1; ++n) {
       if (mask) {
         std::fill_n(mult, W, 1.0f);
         mask(n, mult);
       }
       if (Y) {
-        float a[kRankBlock];
-        by_eights(r, [&]<int J>(int64_t j0) {
-          for (int j = 0; j < J; ++j) a[j] = alpha * D[n * r + j0 + j];
-          combine<J>(t.data(), a, M + j0 * W, W, j0 > 0);
-        });
+        combine_row(t, D + n * r, M, W, r, alpha);
         float* y = Y + n * W;
         if (mask)
           for (int64_t c = 0; c < W; ++c) y[c] += t[c] * mult[c];
