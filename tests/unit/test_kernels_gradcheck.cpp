@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "common/test_util.h"
@@ -216,6 +217,11 @@ TEST(KernelGrad, AttentionPrefixPackedStrips) {
   check_attention_prefix(4, 2, 8, 3, 2, 150, pos.data());
 }
 
+// NaN in every element: a kernel that writes its output whole leaves none.
+void poison(std::initializer_list<Tensor*> ts) {
+  for (Tensor* t : ts) std::fill_n(t->f32(), t->numel(), std::numeric_limits<float>::quiet_NaN());
+}
+
 // Forward and backward against a double-precision reference (softmax over the P prefix keys
 // and the causal keys [t - pos[t], t]: the output, the log-sum-exp backward relies on, and
 // dq, dk, dv and the prefix's gradients), with the prefix k/v interleaved in one buffer to
@@ -242,6 +248,10 @@ void check_attention_reference(int64_t B, int64_t T, int64_t P, const std::vecto
   Tensor dq = Tensor::zeros(q.shape()), dk = Tensor::zeros(k.shape()),
          dv = Tensor::zeros(v.shape()), dpk = Tensor::zeros({B, std::max<int64_t>(P, 1), KVC}),
          dpv = Tensor::zeros(dpk.shape());
+  // Backward writes every gradient element (its buffers need no zeroing): one it skipped
+  // would stay NaN here.
+  poison({&dq, &dk, &dv});
+  if (P > 0) poison({&dpk, &dpv});
   kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dout.f32(), q.f32(), k.f32(), v.f32(),
                               out.f32(), lse.f32(), d, dpk.f32(), dpv.f32());
 
@@ -377,6 +387,7 @@ TEST(KernelGrad, AttentionBackwardSplitsAgree) {
     Tensor dq = Tensor::zeros(q.shape()), dk = Tensor::zeros(k.shape()),
            dv = Tensor::zeros(v.shape()), dpk = Tensor::zeros({B, P, KVC}),
            dpv = Tensor::zeros({B, P, KVC});
+    poison({&dq, &dk, &dv, &dpk, &dpv});  // both splits write every element
     kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dout.f32(), q.f32(), k.f32(), v.f32(),
                                 out.f32(), lse.f32(), d, dpk.f32(), dpv.f32());
     for (const Tensor* t : {&dq, &dk, &dv, &dpk, &dpv})

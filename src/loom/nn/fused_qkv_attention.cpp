@@ -60,15 +60,15 @@ void FusedQKVAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& sc
   const int64_t B = ctx_.dim(0), T = ctx_.dim(1);
   Tensor dctx = scratch.zeros("attn.dctx", {B, T, C_});
   c_proj_.backward(dy, dctx);
-  Tensor dqkv = scratch.zeros("attn.dqkv", {B, T, 3 * C_});
+  Tensor dqkv = scratch.take("attn.dqkv", {B, T, 3 * C_});
   const float* q = c_attn_.output().f32();  // qkv saved by forward
   float* dq = dqkv.f32();
   kernels::AttnDims d{B, T, NH_, NH_, C_ / NH_, 3 * C_, 3 * C_, pos_};
   Tensor dpk, dpv;  // per batch row [B, P, C], summed into the prefix's gradient
   if (prefix_) {
     prefix_->bind(d, layer_);
-    dpk = scratch.zeros("attn.dpk", {B, d.P, C_});
-    dpv = scratch.zeros("attn.dpv", {B, d.P, C_});
+    dpk = scratch.take("attn.dpk", {B, d.P, C_});
+    dpv = scratch.take("attn.dpv", {B, d.P, C_});
   }
   kernels::attention_backward(dq, dq + C_, dq + 2 * C_, dctx.f32(), q, q + C_, q + 2 * C_,
                               ctx_.f32(), lse_.f32(), d, prefix_ ? dpk.f32() : nullptr,

@@ -95,15 +95,15 @@ void GqaAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch
                 NKV = d_.n_kv_head;
   Tensor dctx = scratch.zeros("gqa.dctx", {B, T, NH * D});
   o_.backward(dy, dctx);
-  Tensor dq = scratch.zeros("gqa.dq", {B, T, NH * D});
-  Tensor dk = scratch.zeros("gqa.dk", {B, T, NKV * D});
-  Tensor dv = scratch.zeros("gqa.dv", {B, T, NKV * D});
+  Tensor dq = scratch.take("gqa.dq", {B, T, NH * D});
+  Tensor dk = scratch.take("gqa.dk", {B, T, NKV * D});
+  Tensor dv = scratch.take("gqa.dv", {B, T, NKV * D});
   kernels::AttnDims ad{B, T, NH, NKV, D, NH * D, NKV * D, pos_};
   Tensor dpk, dpv;  // per batch row [B, P, NKV*D], summed into the prefix's gradient
   if (prefix_) {
     prefix_->bind(ad, layer_);
-    dpk = scratch.zeros("gqa.dpk", {B, ad.P, NKV * D});
-    dpv = scratch.zeros("gqa.dpv", {B, ad.P, NKV * D});
+    dpk = scratch.take("gqa.dpk", {B, ad.P, NKV * D});
+    dpv = scratch.take("gqa.dpv", {B, ad.P, NKV * D});
   }
   kernels::attention_backward(dq.f32(), dk.f32(), dv.f32(), dctx.f32(), q_.output().f32(),
                               k_.output().f32(), v_.output().f32(), ctx_.f32(), lse_.f32(), ad,

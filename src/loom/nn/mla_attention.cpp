@@ -154,9 +154,9 @@ void MlaAttention::backward(const Tensor& dy, const Tensor& dx, Scratch& scratch
   Tensor dctx = scratch.zeros("mla.dctx", {B, T, H * Dh});
   for (int64_t r = 0; r < N * H; ++r)
     std::memcpy(dctx.f32() + r * Dh, dctx_v.f32() + r * Dv, Dv * sizeof(float));
-  Tensor dqh = scratch.zeros("mla.dqh", {B, T, H * Dh});
-  Tensor dkh = scratch.zeros("mla.dkh", {B, T, H * Dh});
-  Tensor dvh = scratch.zeros("mla.dvh", {B, T, H * Dh});
+  Tensor dqh = scratch.take("mla.dqh", {B, T, H * Dh});
+  Tensor dkh = scratch.take("mla.dkh", {B, T, H * Dh});
+  Tensor dvh = scratch.take("mla.dvh", {B, T, H * Dh});
   kernels::AttnDims ad{B, T, H, H, Dh, H * Dh, H * Dh, pos_};
   ad.scale = d_.scale;
   kernels::attention_backward(dqh.f32(), dkh.f32(), dvh.f32(), dctx.f32(), qh_.f32(), kh_.f32(),

@@ -77,35 +77,22 @@ Strip whole_window(const Strip& s, const AttnDims& d, const float* k, const floa
   return all;
 }
 
-// Row i of a strip's scores, columns [0, to): every prefix column (j < P) and key columns
-// [lo, hi] (lo, hi counted from column 0) are visible. `to` is the visible span rounded up to
-// 16, inside the row's padded stride, so the loops below have no scalar tail (on a row of
-// ~100 columns GCC's scalar remainder cost as much as the vector body); the masked lanes'
-// values are never used. Column indices are 32-bit so that the mask costs one vector
-// compare per lane group on AVX2 (64-bit indices took two). Out of line with plain pointers:
-// inlined into the strip loops GCC left them scalar (the clamps became branches).
-[[gnu::noinline]] float max_visible(const float* __restrict x, int32_t to, int32_t P, int32_t lo,
-                                    int32_t hi) {
-  float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-  for (int32_t j = 0; j < to; ++j) {
-    const float v = (j < P) | ((j >= lo) & (j <= hi)) ? x[j] : -INFINITY;
-    mx = v > mx ? v : mx;
-  }
-  return mx;
-}
-
-// Visible x becomes exp(x - shift), the rest of [0, to) 0; returns the visible ones' sum.
+// Row x of a strip's scores, columns [0, to): every prefix column (j < P) and key columns
+// [lo, hi] (lo, hi counted from column 0) are visible; each becomes exp(x - shift), the rest
+// 0; returns the visible ones' sum. `to` is the visible span rounded up to 16, inside the
+// row's padded stride, so there is no scalar tail; the masked lanes' values are never used.
+// Column indices are 32-bit so that the mask costs one vector compare per lane group on AVX2.
 [[gnu::noinline]] float exp_visible(float* __restrict x, int32_t to, int32_t P, int32_t lo,
                                     int32_t hi, float shift) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int32_t j = 0; j < to; ++j) {
-    const float e = (j < P) | ((j >= lo) & (j <= hi)) ? vexp(x[j] - shift) : 0.0f;
-    x[j] = e;
-    sum += e;
+  vf sum{};
+  vi j = lane_index();
+  for (int32_t j0 = 0; j0 < to; j0 += kVecWidth, j += kVecWidth) {
+    const vf e = vexp(loadv(x + j0) - shift);
+    const vf kept = (j < P) | ((j >= lo) & (j <= hi)) ? e : vf{};
+    storev(x + j0, kept);
+    sum += kept;
   }
-  return sum;
+  return hsum(sum);
 }
 
 // Row r of a strip's stacked rows (m rows per head) is token row r % m of head r / m: in a
@@ -137,6 +124,7 @@ struct Work {
   std::vector<int64_t> first;      // backward, per row: its first visible column (in the block)
   std::vector<int64_t> block_end;  // end within a block of kKeyBlock columns
   std::vector<float> inv;          // forward: 1 / each row's sum of exponentials
+  std::vector<float> rowmax;       // forward: each row's largest visible score, by lane
 };
 
 // This thread's Work, grown (never shrunk) to strips of `rows` rows and w score columns:
@@ -157,6 +145,8 @@ Work& work(int64_t rows, int64_t w, int64_t HD, bool backward) {
   grow(wk.end, rows);
   grow(wk.block_end, rows);
   grow(wk.inv, rows);
+  grow(wk.rowmax, rows * kVecWidth);
+  grow(wk.first, rows);
   grow(wk.tKT, D * key_ld(w));
   grow(wk.tVp, w * D);
   if (backward) {
@@ -221,17 +211,24 @@ void forward_strip(float* out, int64_t ldo, float* lse, int64_t lse_head, const 
                    const float* KT, int64_t ldk, const float* Vp, Work& wk, float scale) {
   const int64_t R = s.rows(), w = s.width(), D = wk.D, m = s.m;
   pack_rows(wk.Qs.data(), D, s.q, s.qs, m, s.heads, s.HD);
-  for (int64_t r = 0; r < R; ++r) wk.end[r] = s.P + s.hi[r % m] + 1;
+  for (int64_t r = 0; r < R; ++r) {
+    wk.end[r] = s.P + s.hi[r % m] + 1;
+    wk.first[r] = s.P + s.lo[r % m];
+  }
+  std::fill_n(wk.rowmax.data(), R * kVecWidth, -INFINITY);
   float* S = wk.S.data();
   const int64_t ls = key_ld(w);  // S's row stride: off a power of two, as the keys'
-  tile_abt(S, ls, wk.Qs.data(), D, KT, ldk, R, w, D, wk.end.data(), {.alpha = scale});
+  // The scores, each row's visible maximum taken as they are stored.
+  tile_abt(S, ls, wk.Qs.data(), D, KT, ldk, R, w, D, wk.end.data(),
+           {.alpha = scale, .first = wk.first.data(), .always = s.P, .rowmax = wk.rowmax.data()});
   for (int64_t r = 0; r < R; ++r) {
     float* row = S + r * ls;
     const int64_t i = r % m;
     // A strip's columns (prefix + window) number far below 2^31.
     const auto P = static_cast<int32_t>(s.P), lo = static_cast<int32_t>(s.P + s.lo[i]),
                hi = static_cast<int32_t>(s.P + s.hi[i]), to = static_cast<int32_t>(round16(hi + 1));
-    const float mx = max_visible(row, to, P, lo, hi);
+    float mx = -INFINITY;
+    for (int l = 0; l < kVecWidth; ++l) mx = std::max(mx, wk.rowmax[r * kVecWidth + l]);
     const float sum = exp_visible(row, to, P, lo, hi, mx);
     if (to < w) std::fill(row + to, row + w, 0.0f);
     wk.inv[r] = 1.0f / sum;
@@ -309,7 +306,7 @@ void backward_strip(const Strip& s, const float* dO, int64_t ldo, const float* l
     float* dq = g.dq + stacked_at(r, m, g.ldq, s.HD);
     const float* src = wk.Os.data() + r * D;
 #pragma omp simd
-    for (int64_t c = 0; c < s.HD; ++c) dq[c] += src[c];
+    for (int64_t c = 0; c < s.HD; ++c) dq[c] = src[c];
   }
 }
 }  // namespace
@@ -486,8 +483,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           const float *a = wk.tdK.data() + r * Dw, *c = wk.tdV.data() + r * Dw;
 #pragma omp simd
           for (int64_t i = 0; i < HD; ++i) {
-            dkr[i] += a[i];
-            dvr[i] += c[i];
+            dkr[i] = a[i];
+            dvr[i] = c[i];
           }
         }
       }
@@ -499,14 +496,15 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         for (int64_t g = 0; g < d.NKV; ++g) {
           for (int64_t h = g * group; h < (g + 1) * group; ++h) {
             const int64_t bh = b * d.NH + h;
+            const bool first = h == g * group;  // the group's first head writes, the rest add
             for (int64_t t = 0; t < T; ++t) {
               float* dkt = dk + (b * T + t) * d.kv_stride + g * HD;
               float* dvt = dv + (b * T + t) * d.kv_stride + g * HD;
               const float *a = pdk + (bh * T + t) * HD, *c = pdv + (bh * T + t) * HD;
 #pragma omp simd
               for (int64_t i = 0; i < HD; ++i) {
-                dkt[i] += a[i];
-                dvt[i] += c[i];
+                dkt[i] = first ? a[i] : dkt[i] + a[i];
+                dvt[i] = first ? c[i] : dvt[i] + c[i];
               }
             }
             for (int64_t j = 0; prefix_grads && j < P; ++j) {
@@ -515,8 +513,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
               const float *a = pdpk + (bh * P + j) * HD, *c = pdpv + (bh * P + j) * HD;
 #pragma omp simd
               for (int64_t i = 0; i < HD; ++i) {
-                dpk[i] += a[i];
-                dpv[i] += c[i];
+                dpk[i] = first ? a[i] : dpk[i] + a[i];
+                dpv[i] = first ? c[i] : dpv[i] + c[i];
               }
             }
           }

@@ -16,9 +16,10 @@
 // Prefix tuning (PEFT): P virtual key/value rows, shared by every batch row, that every
 // query (in every packed sample) attends to besides its causal keys; no mask, no RoPE:
 //   prefix_k/v[j*prefix_stride + g*HD + i], j < P. One softmax spans prefix and causal keys.
-// Backward accumulates (+=) into dq/dk/dv, which share the strides of q and k/v, and, when
-// both non-null, into dprefix_k/v[B, P, NKV*HD] (contiguous): one slice per batch row so the
-// threads over b never race; the caller sums over B for the shared prefix's gradient.
+// Backward writes (=) every element of dq/dk/dv's heads, which share the strides of q and
+// k/v (so their buffers need no zeroing), and, when both non-null, of dprefix_k/v[B, P,
+// NKV*HD] (contiguous): one slice per batch row so the threads over b never race; the
+// caller sums over B for the shared prefix's gradient.
 #pragma once
 
 #include <cstdint>

@@ -25,7 +25,8 @@ namespace loom::kernels {
 // over the [rows, keys] block each.
 struct AbtStore {
   enum Kind {
-    Scaled,       // alpha x
+    Scaled,       // alpha x; with rowmax ([rows, kVecWidth] lane maxima), each visible
+                  // one (as for Exp) also maxed into its lane of row i's
     Exp,          // the probability again: exp(alpha x - shift[i]) where column j is
                   // visible (j < always, or first[i] <= j < end[i]), else 0
     SoftmaxGrad,  // dS = P[i, j] (x - d[i]) alpha (P [rows, ldp]: 0 where not visible)
@@ -37,6 +38,7 @@ struct AbtStore {
   const float* P = nullptr;
   int64_t ldp = 0;
   const float* d = nullptr;
+  float* rowmax = nullptr;
 };
 
 void tile_abt(float* C, int64_t ldc, const float* A, int64_t lda, const float* BT, int64_t ldb,
