@@ -8,12 +8,16 @@
 namespace loom::kernels {
 
 namespace {
-// A tile is R rows x 16 columns, kept as R x kV vectors of kW floats: one zmm per row on
-// AVX-512 (kMR = 12 rows: 12 accumulators of 32 registers), two ymm on AVX2 (kMR = 6: 12 of
-// 16; 12 rows there spill).
+// tile_ab (packed) and tile_atb's tiles are R rows x 16 columns or more, kept as R x V
+// vectors of kW floats: kMR = 12 rows on AVX-512, 6 on AVX2 (12 accumulators of its 16
+// registers; 12 rows there spill). tile_abt's are kAbtRows = 6 rows, read in place (six row
+// offsets fit in registers; twelve did not and were packed first), x 2 vectors (AVX-512: 32
+// columns; 12 accumulators, a load of B per 3 FMAs where 12 x 16 took 13 loads per 12) or,
+// where a row tile's visible keys end within the first, 1.
 constexpr int kW = kVecWidth;
 constexpr int kMR = kW == 16 ? 12 : 6;
-constexpr int64_t kNR = 16;  // key columns per tile_abt register tile
+constexpr int kAbtRows = 6;
+constexpr int64_t kNR = 16;
 constexpr int kV = kNR / kW;
 // tile_ab and tile_atb's tiles span kWide of the head dimension's columns where D has them
 // (2 x kW: AVX-512's 12 x 2 zmm reuse each broadcast of A twice), else 16.
@@ -59,8 +63,8 @@ inline void store_tile(float* C, int64_t ldc, const vf (&acc)[R][V], bool accumu
     }
 }
 
-// Row i's 16 (or `cols`) products x of a tile, stored into c as `st` says (columns j0..).
-template <AbtStore::Kind K>
+// Row i's V kW (or `cols`) products x of a tile, stored into c as `st` says (columns j0..).
+template <AbtStore::Kind K, int V>
 inline void store_row(float* c, const float* x, int64_t cols, int64_t i, int64_t j0,
                       const int64_t* end, const AbtStore& st) {
   const float alpha = st.alpha;
@@ -73,29 +77,29 @@ inline void store_row(float* c, const float* x, int64_t cols, int64_t i, int64_t
       for (int64_t k = 0; k < cols; ++k) c[k] = alpha * x[k];
       return;
     }
-    float y[kNR];
+    float y[V * kW];
     vf mx = loadv(st.rowmax + i * kW);
     vi j = lane_index() + static_cast<int32_t>(j0);
-    for (int v = 0; v < kV; ++v, j += kW) {
+    for (int v = 0; v < V; ++v, j += kW) {
       const vf s = alpha * loadv(x + v * kW);
       storev(y + v * kW, s);
       mx = ((j < always) | ((j >= lo) & (j < hi))) & (s > mx) ? s : mx;
     }
-    if (cols == kNR)
-      for (int v = 0; v < kV; ++v) storev(c + v * kW, loadv(y + v * kW));
+    if (cols == V * kW)
+      for (int v = 0; v < V; ++v) storev(c + v * kW, loadv(y + v * kW));
     else
       for (int64_t k = 0; k < cols; ++k) c[k] = y[k];
     storev(st.rowmax + i * kW, mx);
   } else if constexpr (K == AbtStore::Exp) {
     const float shift = st.shift[i];
-    float e[kNR];
+    float e[V * kW];
     vi j = lane_index() + static_cast<int32_t>(j0);
-    for (int v = 0; v < kV; ++v, j += kW) {
+    for (int v = 0; v < V; ++v, j += kW) {
       const vf p = vexp(alpha * loadv(x + v * kW) - shift);
       storev(e + v * kW, (j < always) | ((j >= lo) & (j < hi)) ? p : vf{});
     }
-    if (cols == kNR)
-      for (int v = 0; v < kV; ++v) storev(c + v * kW, loadv(e + v * kW));
+    if (cols == V * kW)
+      for (int v = 0; v < V; ++v) storev(c + v * kW, loadv(e + v * kW));
     else
       for (int64_t k = 0; k < cols; ++k) c[k] = e[k];
   } else {
@@ -106,29 +110,23 @@ inline void store_row(float* c, const float* x, int64_t cols, int64_t i, int64_t
   }
 }
 
-// tile_abt reads A's row tiles packed (pack_row_tiles) where a tile has more rows than
-// GCC has registers for their offsets (AVX-512's 12); AVX2's 6 fit and are read in place.
-constexpr bool kPackAbt = kMR > 6;
-
-// C[R, cols] = store(A[R, :D] BT[:D, 16]) (cols <= 16 stored), rows i0.. of the block. A is
-// the row tile packed column by column (kPackAbt) or in place, rows lda apart.
-template <AbtStore::Kind K, int R>
+// C[R, cols] = store(A[R, :D] BT[:D, V kW]) (cols <= V kW stored), rows i0.. of the block,
+// A's rows read in place (lda apart).
+template <AbtStore::Kind K, int R, int V>
 void abt_tile(float* C, int64_t ldc, const float* A, int64_t lda, const float* BT, int64_t ldb,
               int64_t D, int64_t cols, int64_t i0, int64_t j0, const int64_t* end,
               const AbtStore& st) {
-  vf acc[R][kV] = {};
+  vf acc[R][V] = {};
   for (int64_t c = 0; c < D; ++c) {
-    vf b[kV];
-    for (int v = 0; v < kV; ++v) b[v] = loadv(BT + c * ldb + v * kW);
-    for (int i = 0; i < R; ++i) {
-      const float a = kPackAbt ? A[c * R + i] : A[i * lda + c];
-      for (int v = 0; v < kV; ++v) acc[i][v] += a * b[v];
-    }
+    vf b[V];
+    for (int v = 0; v < V; ++v) b[v] = loadv(BT + c * ldb + v * kW);
+    for (int i = 0; i < R; ++i)
+      for (int v = 0; v < V; ++v) acc[i][v] += A[i * lda + c] * b[v];
   }
   for (int i = 0; i < R; ++i) {
-    float x[kNR];
-    for (int v = 0; v < kV; ++v) storev(x + v * kW, acc[i][v]);
-    store_row<K>(C + i * ldc, x, cols, i0 + i, j0, end, st);
+    float x[V * kW];
+    for (int v = 0; v < V; ++v) storev(x + v * kW, acc[i][v]);
+    store_row<K, V>(C + i * ldc, x, cols, i0 + i, j0, end, st);
   }
 }
 
@@ -160,27 +158,29 @@ const float* pack_row_tiles(const float* A, int64_t lda, int64_t m, Cols&& cols,
 template <AbtStore::Kind K>
 void abt(float* C, int64_t ldc, const float* A, int64_t lda, const float* BT, int64_t ldb,
          int64_t m, int64_t n, int64_t D, const int64_t* end, const AbtStore& store) {
-  // Column panels outside: BT's [D, 16] panel (4 KiB at D = 64) stays in L1 while A's rows
-  // stream past it (rows before columns read every panel from L2 for every 6 rows).
+  // Column panels outside: BT's [D, 2 kW] panel (8 KiB at D = 64 on AVX-512) stays in L1
+  // while A's rows stream past it (rows before columns read every panel from L2 for every 6
+  // rows). A row tile's columns run to its last visible one rounded up to kW: a 2-vector tile
+  // reads BT's columns to j0 + 2 kW only where more than kW of them are left, so never past
+  // n rounded up to 16.
   int64_t e = 0;
   for (int64_t i = 0; i < m; ++i) e = std::max(e, end[i]);
-  static thread_local std::vector<int64_t> offsets;
-  const float* at = kPackAbt ? pack_row_tiles(
-                                   A, lda, m, [D]<int R>(int64_t) { return D; }, offsets)
-                             : nullptr;
-  for (int64_t j0 = 0; j0 < std::min(n, e); j0 += kNR) {
-    int64_t t = 0;
-    by_tiles(m, [&]<int R>(int64_t i0) {
-      const float* a = kPackAbt ? at + offsets[t] : A + i0 * lda;
-      if (tile_end<R>(end, i0) > j0)
-        abt_tile<K, R>(C + i0 * ldc + j0, ldc, a, lda, BT + j0, ldb, D, std::min(kNR, n - j0), i0,
-                       j0, end, store);
-      ++t;
+  for (int64_t j0 = 0; j0 < std::min(n, e); j0 += 2 * kW) {
+    by_tiles<kAbtRows>(m, [&]<int R>(int64_t i0) {
+      const int64_t left = std::min(n, tile_end<R>(end, i0)) - j0;
+      float* c = C + i0 * ldc + j0;
+      const float* a = A + i0 * lda;
+      if (left > kW)
+        abt_tile<K, R, 2>(c, ldc, a, lda, BT + j0, ldb, D, std::min<int64_t>(2 * kW, n - j0), i0,
+                          j0, end, store);
+      else if (left > 0)
+        abt_tile<K, R, 1>(c, ldc, a, lda, BT + j0, ldb, D, std::min<int64_t>(kW, n - j0), i0, j0,
+                          end, store);
     });
   }
   // Past each row tile's last column tile, every row's columns are masked: 0.
-  by_tiles(m, [&]<int R>(int64_t i0) {
-    const int64_t from = std::min(n, (tile_end<R>(end, i0) + kNR - 1) / kNR * kNR);
+  by_tiles<kAbtRows>(m, [&]<int R>(int64_t i0) {
+    const int64_t from = std::min(n, (tile_end<R>(end, i0) + kW - 1) / kW * kW);
     for (int64_t i = i0; i < i0 + R; ++i) std::fill(C + i * ldc + from, C + i * ldc + n, 0.0f);
   });
 }

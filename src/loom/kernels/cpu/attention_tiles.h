@@ -4,12 +4,12 @@
 // these at T = 256 with a quarter of its time in packing and in zeroing C before a beta-0
 // product; these read the caller's packed operands as they are, and every row tile stops at
 // the last key its rows may see, so most of the causal block's masked half is never computed.
-// Row-major; tiles of 6 rows x 16 columns on AVX2, 12 rows on AVX-512 (tile_ab/tile_atb:
-// 12 x 32 there, the head dimension allowing). end[i] (<= n) is the number of leading key
-// columns row i may see.
+// Row-major; tiles of 6 rows x 16 columns on AVX2; on AVX-512 tile_abt's are 6 x 32 (or 16),
+// tile_ab's 6 x 64 and tile_atb's 12 x 32, the head dimension allowing. end[i] (<= n) is the
+// number of leading key columns row i may see.
 //   tile_abt: C[i, j] = store(A[i, :D] . BT[:D, j]) for j < end[i], and 0 from where its
-//             row tile's last 16-column tile ends (BT [D, ldb], ldb >= n rounded up to 16,
-//             the padding readable); columns in between are stored too, as store gives them.
+//             row tile's last column tile ends (BT [D, ldb], ldb >= n rounded up to 16, the
+//             padding readable); columns in between are stored too, as store gives them.
 //   tile_ab : C[i, :D] (= | +=) sum_{j < end[i]} A[i, j] B[j, :D]; A's columns from end[i]
 //             to its tile's end must be 0
 //   tile_atb: C[j, :D] += sum_i A[i, j] B[i, :D], i over `segs` segments of m rows; in each,
