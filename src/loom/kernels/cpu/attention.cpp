@@ -104,10 +104,10 @@ inline int64_t stacked_at(int64_t r, int64_t m, int64_t ld, int64_t HD) {
 
 inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
-// The row loops over q, dO, O, dq and dk/dv (packing, rowsum(dO o O), the gradients' writes)
-// touch each row kAhead rows early (prefetch_row): they visit one head's HD floats of rows
-// 1-9 KiB apart, which the hardware prefetchers do not follow, and from L3 every row was a
-// stall (backward ~3% faster at T = 256).
+// The row loops over q, out, dO, dq and dk/dv (packing, the output's and the gradients'
+// writes, rowsum(dO o O)) touch each row kAhead rows early (prefetch_row): they visit one
+// head's HD floats of rows 1-9 KiB apart, which the hardware prefetchers do not follow, and
+// from L3 every row was a stall (forward and backward each ~3% faster at T = 256).
 constexpr int64_t kAhead = 8;
 inline void prefetch_row(const float* p, int64_t n, bool write) {
   for (int64_t c = 0; c < n; c += 16) {
@@ -297,6 +297,7 @@ void forward_strip(float* out, int64_t ldo, float* lse, int64_t lse_head, const 
     tile_ab(wk.Os.data(), D, S + c0, ls, Vp + c0 * D, D, R, D, end, c0 > 0);
   }
   for (int64_t r = 0; r < R; ++r) {
+    if (r + kAhead < R) prefetch_row(out + stacked_at(r + kAhead, m, ldo, s.HD), s.HD, true);
     float* o = out + stacked_at(r, m, ldo, s.HD);
     const float* src = wk.Os.data() + r * D;
     const float inv = wk.inv[r];
