@@ -14,7 +14,7 @@ mattering for speed.
   parameters, gradients and AdamW: the counterpart of Loom's bf16 section).
 After --warmup steps it times --steps steps and prints ONE JSON line on stdout
 ({"case", "impl": "pytorch", "tokens_per_s", "peak_rss_mib", "ms_per_step", ...});
-progress goes to stderr. The caller sets OMP_NUM_THREADS and OMP_WAIT_POLICY=PASSIVE.
+progress goes to stderr. The caller sets OMP_NUM_THREADS (and the wait policy: bench/run.sh).
 """
 
 import argparse

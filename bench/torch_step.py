@@ -15,9 +15,9 @@ stdout:
   {"impl":"pytorch","ms_per_step":<median>,"tokens_per_s":<B*T/median>,
    "peak_rss_mib":...,"threads":N,"torch":"2.x", ...}
 
-Everything else goes to stderr. Run (the caller sets OMP_WAIT_POLICY):
+Everything else goes to stderr. Run (bench/run.sh sets the environment, as for Loom):
 
-    OMP_WAIT_POLICY=PASSIVE /root/loom-ref/bin/python bench/torch_step.py [--threads 2] [--steps 10]
+    ~/.cache/loom/ref-venv/bin/python bench/torch_step.py [--threads 2] [--steps 10]
 """
 
 import argparse
