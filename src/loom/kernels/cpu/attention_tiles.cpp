@@ -8,15 +8,16 @@
 namespace loom::kernels {
 
 namespace {
-// tile_ab (packed) and tile_atb's tiles are R rows x 16 columns or more, kept as R x V
-// vectors of kW floats: kMR = 12 rows on AVX-512, 6 on AVX2 (12 accumulators of its 16
-// registers; 12 rows there spill). tile_abt's are kAbtRows = 6 rows, read in place (six row
-// offsets fit in registers; twelve did not and were packed first), x 2 vectors (AVX-512: 32
-// columns; 12 accumulators, a load of B per 3 FMAs where 12 x 16 took 13 loads per 12) or,
-// where a row tile's visible keys end within the first, 1.
+// tile_atb's tiles (and tile_ab's packed ones, AVX2) are R rows x 16 columns or more, kept as
+// R x V vectors of kW floats: kMR = 12 rows on AVX-512, 6 on AVX2 (12 accumulators of its 16
+// registers; 12 rows there spill). tile_abt's tiles, and tile_ab's on AVX-512, are
+// kInPlaceRows = 6 rows read in place (six row offsets fit in registers; twelve did not and
+// were packed first); tile_abt's are 2 vectors wide (AVX-512: 32 columns, 12 accumulators, a
+// load of B per 3 FMAs where 12 x 16 took 13 loads per 12) or, where a row tile's visible
+// keys end within the first, 1.
 constexpr int kW = kVecWidth;
 constexpr int kMR = kW == 16 ? 12 : 6;
-constexpr int kAbtRows = 6;
+constexpr int kInPlaceRows = 6;
 constexpr int64_t kNR = 16;
 constexpr int kV = kNR / kW;
 // tile_ab and tile_atb's tiles span kWide of the head dimension's columns where D has them
@@ -166,7 +167,7 @@ void abt(float* C, int64_t ldc, const float* A, int64_t lda, const float* BT, in
   int64_t e = 0;
   for (int64_t i = 0; i < m; ++i) e = std::max(e, end[i]);
   for (int64_t j0 = 0; j0 < std::min(n, e); j0 += 2 * kW) {
-    by_tiles<kAbtRows>(m, [&]<int R>(int64_t i0) {
+    by_tiles<kInPlaceRows>(m, [&]<int R>(int64_t i0) {
       const int64_t left = std::min(n, tile_end<R>(end, i0)) - j0;
       float* c = C + i0 * ldc + j0;
       const float* a = A + i0 * lda;
@@ -179,7 +180,7 @@ void abt(float* C, int64_t ldc, const float* A, int64_t lda, const float* BT, in
     });
   }
   // Past each row tile's last column tile, every row's columns are masked: 0.
-  by_tiles<kAbtRows>(m, [&]<int R>(int64_t i0) {
+  by_tiles<kInPlaceRows>(m, [&]<int R>(int64_t i0) {
     const int64_t from = std::min(n, (tile_end<R>(end, i0) + kW - 1) / kW * kW);
     for (int64_t i = i0; i < i0 + R; ++i) std::fill(C + i * ldc + from, C + i * ldc + n, 0.0f);
   });
@@ -261,10 +262,9 @@ void tile_ab(float* C, int64_t ldc, const float* A, int64_t lda, const float* B,
     // packing pass below (8% of the forward at T = 256) goes. The sums are the packed
     // tiles' bit for bit: each element adds its terms in column order either way, and the
     // columns a tile of 12 adds past a row's end are zeros.
-    constexpr int kRowsInPlace = 6;
     int64_t c0 = 0;
     auto panel = [&]<int V>() {
-      by_tiles<kRowsInPlace>(m, [&]<int R>(int64_t i0) {
+      by_tiles<kInPlaceRows>(m, [&]<int R>(int64_t i0) {
         ab_rows_tile<R, V>(C + i0 * ldc + c0, ldc, A + i0 * lda, lda, B + c0, ldb,
                            tile_end<R>(end, i0), accumulate);
       });
