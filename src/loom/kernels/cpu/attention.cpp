@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -137,7 +138,7 @@ struct Work {
   std::vector<float> tKT, tVT, tKp, tVp;  // a whole task's keys and values (forward: tKT, tVp)
   std::vector<float> tdK, tdV;            // and their gradients, [P + T, D]
   std::vector<int64_t> end;               // per row: the score columns it may see (prefix + to hi)
-  std::vector<int64_t> first;      // backward, per row: its first visible column (in the block)
+  std::vector<int64_t> first;      // per row: its first visible column (backward: in the block)
   std::vector<int64_t> block_end;  // end within a block of kKeyBlock columns
   std::vector<float> inv;          // forward: 1 / each row's sum of exponentials
   std::vector<float> rowmax;       // forward: each row's largest visible score, by lane
@@ -157,27 +158,26 @@ Work& work(int64_t rows, int64_t w, int64_t HD, bool backward) {
   grow(wk.Qs, rows * D);
   grow(wk.Os, rows * D);
   grow(wk.KT, D * key_ld(w));
-  grow(wk.Vp, w * D);
-  grow(wk.end, rows);
-  grow(wk.block_end, rows);
-  grow(wk.inv, rows);
-  grow(wk.rowmax, rows * kVecWidth);
-  grow(wk.first, rows);
   grow(wk.tKT, D * key_ld(w));
-  grow(wk.tVp, w * D);
-  if (backward) {
+  grow(wk.end, rows);
+  grow(wk.first, rows);
+  grow(wk.block_end, rows);
+  if (!backward) {
+    grow(wk.Vp, w * D);
+    grow(wk.tVp, w * D);
+    grow(wk.inv, rows);
+    grow(wk.rowmax, rows * kVecWidth);
+  } else {
     grow(wk.dS, rows * key_ld(bw));
     grow(wk.dOs, rows * D);
     grow(wk.VT, D * key_ld(w));
+    grow(wk.tVT, D * key_ld(w));
     grow(wk.Kp, w * D);
+    grow(wk.tKp, w * D);
     grow(wk.dKs, w * D);
     grow(wk.dVs, w * D);
-    grow(wk.first, rows);
-    grow(wk.tVT, D * key_ld(w));
-    grow(wk.tKp, w * D);
     grow(wk.tdK, w * D);
     grow(wk.tdV, w * D);
-    grow(wk.block_end, rows);
   }
   return wk;
 }
@@ -443,8 +443,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const bool stacked = group > 1 && d.B * d.NKV >= 2 * omp_get_max_threads();
   const bool parts = group > 1 && !stacked;
   const int64_t part_kv = d.B * d.NH * T * HD, part_p = prefix_grads ? d.B * d.NH * P * HD : 0;
-  std::vector<float> part(parts ? 2 * (part_kv + part_p) : 0, 0.0f);
-  float *pdk = part.data(), *pdv = pdk + part_kv, *pdpk = pdv + part_kv, *pdpv = pdpk + part_p;
+  // Written whole by the tasks (each head's rows), so not zeroed first.
+  const auto part = std::make_unique_for_overwrite<float[]>(parts ? 2 * (part_kv + part_p) : 0);
+  float *pdk = part.get(), *pdv = pdk + part_kv, *pdpk = pdv + part_kv, *pdpv = pdpk + part_p;
   const int64_t heads = stacked ? group : 1;  // heads per task
 #pragma omp parallel
   {
