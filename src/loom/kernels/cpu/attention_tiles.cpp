@@ -69,46 +69,38 @@ template <AbtStore::Kind K, int V>
 inline void store_row(float* c, const float* x, int64_t cols, int64_t i, int64_t j0,
                       const int64_t* end, const AbtStore& st) {
   const float alpha = st.alpha;
-  // Columns of a strip or block number far below 2^31.
-  const auto lo = static_cast<int32_t>(st.first ? st.first[i] : 0),
-             hi = static_cast<int32_t>(end[i]), always = static_cast<int32_t>(st.always);
-  if constexpr (K == AbtStore::Scaled) {
-    if (!st.rowmax) {
-#pragma omp simd
-      for (int64_t k = 0; k < cols; ++k) c[k] = alpha * x[k];
-      return;
-    }
-    float y[V * kW];
-    vf mx = loadv(st.rowmax + i * kW);
-    vi j = lane_index() + static_cast<int32_t>(j0);
-    for (int v = 0; v < V; ++v, j += kW) {
-      const vf s = alpha * loadv(x + v * kW);
-      storev(y + v * kW, s);
-      mx = ((j < always) | ((j >= lo) & (j < hi))) & (s > mx) ? s : mx;
-    }
-    if (cols == V * kW)
-      for (int v = 0; v < V; ++v) storev(c + v * kW, loadv(y + v * kW));
-    else
-      for (int64_t k = 0; k < cols; ++k) c[k] = y[k];
-    storev(st.rowmax + i * kW, mx);
-  } else if constexpr (K == AbtStore::Exp) {
-    const float shift = st.shift[i];
-    float e[V * kW];
-    vi j = lane_index() + static_cast<int32_t>(j0);
-    for (int v = 0; v < V; ++v, j += kW) {
-      const vf p = vexp(alpha * loadv(x + v * kW) - shift);
-      storev(e + v * kW, (j < always) | ((j >= lo) & (j < hi)) ? p : vf{});
-    }
-    if (cols == V * kW)
-      for (int v = 0; v < V; ++v) storev(c + v * kW, loadv(e + v * kW));
-    else
-      for (int64_t k = 0; k < cols; ++k) c[k] = e[k];
-  } else {
+  if constexpr (K == AbtStore::SoftmaxGrad) {
     const float* p = st.P + i * st.ldp + j0;
     const float d = st.d[i];
 #pragma omp simd
     for (int64_t k = 0; k < cols; ++k) c[k] = p[k] * (x[k] - d) * alpha;
+    return;
   }
+  // Columns of a strip or block number far below 2^31; lane l of j is column j0 + v kW + l.
+  const auto lo = static_cast<int32_t>(st.first[i]), hi = static_cast<int32_t>(end[i]),
+             always = static_cast<int32_t>(st.always);
+  vi j = lane_index() + static_cast<int32_t>(j0);
+  auto visible = [&] { return (j < always) | ((j >= lo) & (j < hi)); };
+  float y[V * kW];
+  if constexpr (K == AbtStore::Scaled) {
+    vf mx = loadv(st.rowmax + i * kW);
+    for (int v = 0; v < V; ++v, j += kW) {
+      const vf s = alpha * loadv(x + v * kW);
+      storev(y + v * kW, s);
+      mx = visible() & (s > mx) ? s : mx;
+    }
+    storev(st.rowmax + i * kW, mx);
+  } else {
+    const float shift = st.shift[i];
+    for (int v = 0; v < V; ++v, j += kW) {
+      const vf p = vexp(alpha * loadv(x + v * kW) - shift);
+      storev(y + v * kW, visible() ? p : vf{});
+    }
+  }
+  if (cols == V * kW)
+    for (int v = 0; v < V; ++v) storev(c + v * kW, loadv(y + v * kW));
+  else
+    for (int64_t k = 0; k < cols; ++k) c[k] = y[k];
 }
 
 // C[R, cols] = store(A[R, :D] BT[:D, V kW]) (cols <= V kW stored), rows i0.. of the block,

@@ -25,8 +25,8 @@ namespace loom::kernels {
 // over the [rows, keys] block each.
 struct AbtStore {
   enum Kind {
-    Scaled,       // alpha x; with rowmax ([rows, kVecWidth] lane maxima), each visible
-                  // one (as for Exp) also maxed into its lane of row i's
+    Scaled,       // alpha x, each visible one (as for Exp) also maxed into its lane of
+                  // row i's maxima (rowmax [rows, kVecWidth])
     Exp,          // the probability again: exp(alpha x - shift[i]) where column j is
                   // visible (j < always, or first[i] <= j < end[i]), else 0
     SoftmaxGrad,  // dS = P[i, j] (x - d[i]) alpha (P [rows, ldp]: 0 where not visible)
