@@ -234,6 +234,57 @@ TEST(MixedPrecision, LlamaLoraLossCurvesFollowFp32) {
   }
 }
 
+// The loaders round each matrix into 16 bits as they read it (io::LoadOptions::half, what
+// --dtype bf16/fp16 and PEFT under mixed precision use), so no f32 model exists first: the
+// result must be the f32 load followed by hold_frozen_in_half, bit for bit, from a HF folder
+// (GPT-2's transposed Conv1D weights, Llama's), a GGUF file (DeepSeek-V2's Q8_0 blocks
+// dequantized, its stacked experts and split kv_b among them) and an adapter folder (its
+// base so loaded, its LoRA matrices f32); a modules_to_save entry stays f32.
+TEST(MixedPrecision, LoadsMatricesStraightIntoSixteenBits) {
+  const fs::path fx = test::fixture_dir();
+  const std::vector<fs::path> sources = {fx / "gpt2_tiny", fx / "llama_tiny",
+                                         fx / "gguf" / "deepseek_v2_tiny_q8.gguf",
+                                         fx / "peft" / "llama_lora"};
+  for (const fs::path& src : sources) {
+    for (Half f : {Half::bf16, Half::f16}) {
+      const std::string what = src.filename().string() + " " + kernels::half_name(f);
+      auto ref = io::load_model(src);
+      for (auto& p : ref->params().all()) p->trainable = false;
+      nn::hold_frozen_in_half(ref->params(), f);
+      io::LoadOptions opt;
+      opt.half = f;
+      auto got = io::load_model(src, opt);
+      int held = 0;
+      for (const auto& p : ref->params().all()) {
+        const nn::Parameter* q = got->params().find(p->name);
+        ASSERT_TRUE(q) << what << " " << p->name;
+        ASSERT_EQ(q->held_in_half(), p->held_in_half()) << what << " " << p->name;
+        if (p->held_in_half()) {
+          ++held;
+          EXPECT_FALSE(q->trainable || q->value.defined()) << what << " " << q->name;
+          EXPECT_EQ(
+              0, std::memcmp(q->half->data.raw(), p->half->data.raw(), p->half->data.numel() * 2))
+              << what << " " << p->name;
+        } else {
+          EXPECT_EQ(0, std::memcmp(q->value.raw(), p->value.raw(), p->value.numel() * 4))
+              << what << " " << p->name;
+        }
+      }
+      EXPECT_GT(held, 2) << what;
+      EXPECT_EQ(got->params().value_bytes(), ref->params().value_bytes()) << what;
+    }
+  }
+  // PEFT's modules_to_save: that module trains in full, so it loads f32.
+  io::LoadOptions opt;
+  opt.half = Half::bf16;
+  opt.keep_f32_modules = {"embed_tokens"};
+  auto m = io::load_model(fx / "llama_tiny", opt);
+  const nn::Parameter* e = m->params().find("model.embed_tokens.weight");
+  ASSERT_TRUE(e);
+  EXPECT_TRUE(!e->held_in_half() && e->value.defined() && e->trainable);
+  EXPECT_TRUE(m->params().find("model.layers.0.mlp.up_proj.weight")->held_in_half());
+}
+
 // Accumulation stays fp32: 64 micro-batches of one row each give the big batch's step.
 // Inference in 16 bits (loom generate/chat/forward --dtype): the matrices held in the format
 // alone, half the weight memory, logits within the format's tolerance of fp32 (bf16 keeps 8

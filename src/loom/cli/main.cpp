@@ -307,11 +307,16 @@ std::unique_ptr<loom::models::CausalLM> load_model(const Args& a) {
   if (dtype != "fp32" && dtype != "float32" && dtype != "bf16" && dtype != "bfloat16" &&
       dtype != "fp16" && dtype != "float16")
     throw UsageError("--dtype '" + dtype + "' is not one of fp32, bf16, fp16");
+  // Each matrix is rounded as it is read: the load's peak is the 16-bit weights, not an
+  // f32 model and its 16-bit copy.
+  if (!dtype.starts_with("fp3") && dtype != "float32")
+    opt.half = dtype.starts_with("b") ? loom::kernels::Half::bf16 : loom::kernels::Half::f16;
   auto model = loom::io::load_model(*a.get("--model"), opt);
-  if (dtype.starts_with("fp3") || dtype == "float32") return model;
-  const auto fmt = dtype.starts_with("b") ? loom::kernels::Half::bf16 : loom::kernels::Half::f16;
+  if (!opt.half) return model;
+  // An adapter folder's own matrices (a modules_to_save weight) load f32: held in 16 bits
+  // too, after the fact.
   for (auto& p : model->params().all()) p->trainable = false;
-  loom::nn::hold_frozen_in_half(model->params(), fmt);
+  loom::nn::hold_frozen_in_half(model->params(), *opt.half);
   return model;
 }
 

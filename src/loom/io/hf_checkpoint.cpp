@@ -17,6 +17,7 @@
 #include "loom/io/tokenizer_loader.h"
 #include "loom/kernels/cpu/bf16.h"
 #include "loom/models/registry.h"
+#include "loom/nn/weight_ops.h"
 #include "loom/util/error.h"
 
 namespace loom::io {
@@ -40,21 +41,23 @@ nlohmann::json read_json_file(const fs::path& path) {
   }
 }
 
-std::unique_ptr<models::CausalLM> load_hf_model(const fs::path& dir, const nn::TensorParallel& tp,
-                                                const models::StageRange& stage) {
+std::unique_ptr<models::CausalLM> load_hf_model(const fs::path& dir, const LoadOptions& opt) {
   LOOM_CHECK(fs::is_directory(dir), dir.string() +
                                         ": not a model folder (expected config.json "
                                         "and model.safetensors inside)");
   auto model = models::make_model(read_json_file(dir / "config.json"),
-                                  (dir / "config.json").string(), tp, stage);
-  load_hf_weights(*model, dir);
+                                  (dir / "config.json").string(), opt.tp, opt.stage);
+  load_hf_weights(*model, dir, opt);
   return model;
 }
 
-void read_param(const SafetensorsCheckpoint& ck, const std::string& key,
-                const models::CausalLM& model, nn::Parameter& p) {
+namespace {
+// p's local values (its shard of the full tensor, in our layout) from the checkpoint's
+// tensor `key`, into dst.
+void read_values(const SafetensorsCheckpoint& ck, const std::string& key,
+                 const models::CausalLM& model, const nn::Parameter& p, float* dst) {
   const bool transposed = model.hf_transposed(p);
-  if (!transposed && !p.shard.sharded()) return ck.read_f32(key, p.shape, p.value.f32());
+  if (!transposed && !p.shard.sharded()) return ck.read_f32(key, p.shape, dst);
   // The full tensor, in our layout, then this rank's slice of it.
   const Shape& full = p.full_shape;
   std::vector<float> tmp(shape_numel(full));
@@ -69,14 +72,25 @@ void read_param(const SafetensorsCheckpoint& ck, const std::string& key,
     ck.read_f32(key, full, tmp.data());
   }
   if (p.shard.sharded())
-    nn::shard_from_full(p, tmp.data(), p.value.f32());
+    nn::shard_from_full(p, tmp.data(), dst);
   else
-    std::copy(tmp.begin(), tmp.end(), p.value.f32());
+    std::copy(tmp.begin(), tmp.end(), dst);
+}
+}  // namespace
+
+void read_param(const SafetensorsCheckpoint& ck, const std::string& key,
+                const models::CausalLM& model, nn::Parameter& p,
+                std::optional<kernels::Half> half) {
+  if (!half) return read_values(ck, key, model, p, p.value.f32());
+  std::vector<float> v(shape_numel(p.shape));
+  read_values(ck, key, model, p, v.data());
+  nn::hold_in_half(p, v.data(), *half);
 }
 
-void load_hf_weights(models::CausalLM& model, const fs::path& file_or_dir) {
+void load_hf_weights(models::CausalLM& model, const fs::path& file_or_dir, const LoadOptions& opt) {
   SafetensorsCheckpoint ck = SafetensorsCheckpoint::open(file_or_dir);
   std::vector<std::string> used;
+  bool relaid = false;
   for (auto& p : model.params().all()) {
     // save_pretrained of *LMHeadModel prefixes "transformer."; hub GPT-2 files do not.
     std::string name = p->name;
@@ -84,8 +98,12 @@ void load_hf_weights(models::CausalLM& model, const fs::path& file_or_dir) {
     LOOM_CHECK(ck.find(name),
                file_or_dir.string() + ": tensor '" + p->name + "' is missing from the checkpoint");
     used.push_back(name);
-    read_param(ck, name, model, *p);
+    const std::optional<kernels::Half> half = opt.half_for(*p);
+    read_param(ck, name, model, *p, half);
+    relaid |= half.has_value();
   }
+  // Without f32 slots for the 16-bit matrices (never written, so never resident).
+  if (relaid) model.params().materialize();
   std::vector<std::string> extra;
   for (const auto& n : ck.names()) {
     bool is_used = std::find(used.begin(), used.end(), n) != used.end();

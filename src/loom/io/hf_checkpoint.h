@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 
+#include "loom/io/model_loader.h"
 #include "loom/io/safetensors.h"
 #include "loom/models/causal_lm.h"
 
@@ -20,14 +21,19 @@ namespace loom::io {
 
 class SafetensorsCheckpoint;
 
+// opt: its tp, stage and half (the other options are GGUF's or an adapter folder's).
 std::unique_ptr<models::CausalLM> load_hf_model(const std::filesystem::path& dir,
-                                                const nn::TensorParallel& tp = {},
-                                                const models::StageRange& stage = {});
+                                                const LoadOptions& opt = {});
 // Fills p from the checkpoint's tensor `key` (its full shape; transposed when the model
-// says HF stores p transposed), keeping this rank's shard of it.
+// says HF stores p transposed), keeping this rank's shard of it; with `half`, rounded into
+// 16 bits and held so (nn::hold_in_half) instead of written to p's f32 slot.
 void read_param(const SafetensorsCheckpoint& ck, const std::string& key,
-                const models::CausalLM& model, nn::Parameter& p);
-void load_hf_weights(models::CausalLM& model, const std::filesystem::path& file_or_dir);
+                const models::CausalLM& model, nn::Parameter& p,
+                std::optional<kernels::Half> half = std::nullopt);
+// Every parameter of model from the checkpoint; the matrices opt.half_for() names go into
+// 16 bits (then the store is laid out again without their f32 slots).
+void load_hf_weights(models::CausalLM& model, const std::filesystem::path& file_or_dir,
+                     const LoadOptions& opt = {});
 // tokenizer_from: the model the weights came from; its tokenizer files go in beside the
 // weights (write_tokenizer_files).
 // dtype: the stored weights' type, F32 or BF16 (rounded to nearest even; config.json's

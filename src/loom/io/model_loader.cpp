@@ -8,6 +8,7 @@
 #include "loom/io/peft_adapter.h"
 #include "loom/models/peft.h"
 #include "loom/models/registry.h"
+#include "loom/nn/weight_ops.h"
 #include "loom/util/error.h"
 #include "loom/util/path.h"
 
@@ -16,6 +17,18 @@ namespace loom::io {
 namespace fs = std::filesystem;
 
 bool is_gguf(const fs::path& p) { return p.extension() == ".gguf"; }
+
+bool LoadOptions::keeps_f32(const std::string& hf_name) const {
+  const std::string module = hf_name.substr(0, hf_name.rfind('.'));
+  for (const std::string& m : keep_f32_modules)
+    if (models::peft_name_matches(module, m)) return true;
+  return false;
+}
+
+std::optional<kernels::Half> LoadOptions::half_for(const nn::Parameter& p) const {
+  if (!half || !nn::takes_half(p) || keeps_f32(p.name)) return std::nullopt;
+  return half;
+}
 
 namespace {
 
@@ -51,15 +64,18 @@ QuantMatrix shard_of(const QuantMatrix& q, const nn::Parameter& p, const fs::pat
 std::unique_ptr<models::CausalLM> load_gguf_model(const fs::path& file, const LoadOptions& opt) {
   GgufFile f = GgufFile::open(file);
   auto model = models::make_model(gguf_hf_config(f), file.string(), opt.tp, opt.stage);
-  auto keep_f32 = [&](const std::string& hf_name) {
-    const std::string module = hf_name.substr(0, hf_name.rfind('.'));
-    for (const std::string& m : opt.keep_f32_modules)
-      if (models::peft_name_matches(module, m)) return true;
-    return false;
-  };
   std::set<std::string> filled;
   std::vector<std::string> unused;
-  int64_t n_quantized = 0;
+  int64_t n_relaid = 0;  // parameters kept quantized or in 16 bits: no f32 slot
+  // p's values (p's local shape) into its f32 slot, or rounded into 16 bits with opt.half.
+  auto store = [&](nn::Parameter& p, const float* v) {
+    if (const auto h = opt.half_for(p)) {
+      nn::hold_in_half(p, v, *h);
+      ++n_relaid;
+    } else {
+      std::copy_n(v, shape_numel(p.shape), p.value.f32());
+    }
+  };
   // A whole (unsharded) parameter from values in HF layout; tensor parallelism is refused
   // for the architectures whose tensors need this.
   auto fill = [&](const std::string& hf, const std::string& gguf_name, const float* v,
@@ -72,7 +88,7 @@ std::unique_ptr<models::CausalLM> load_gguf_model(const fs::path& file, const Lo
     LOOM_CHECK(shape == p->full_shape && !p->shard.sharded(),
                file.string() + ": tensor '" + gguf_name + "' gives " + hf + " shape " +
                    shape_str(shape) + " vs expected " + shape_str(p->full_shape));
-    std::copy_n(v, shape_numel(shape), p->value.f32());
+    store(*p, v);
     filled.insert(hf);
   };
   for (const GgufTensorInfo& t : f.tensors()) {
@@ -85,13 +101,13 @@ std::unique_ptr<models::CausalLM> load_gguf_model(const fs::path& file, const Lo
       for (size_t e = 0; e < slices.size(); ++e) {
         nn::Parameter* p = model->params().find(slices[e]);
         const int64_t r0 = static_cast<int64_t>(e) * rows;
-        if (p && opt.keep_quantized && t.type != GgmlType::F32 && !keep_f32(slices[e])) {
+        if (p && opt.keep_quantized && t.type != GgmlType::F32 && !opt.keeps_f32(slices[e])) {
           LOOM_CHECK(p->full_shape == (Shape{rows, t.ne[0]}) && !p->shard.sharded(),
                      file.string() + ": tensor '" + t.name + "' gives " + slices[e] + " shape " +
                          shape_str({rows, t.ne[0]}) + " vs expected " + shape_str(p->full_shape));
           p->quant = std::make_shared<const QuantMatrix>(read_quant_rows(f, t, r0, r0 + rows));
           p->trainable = false;
-          ++n_quantized;
+          ++n_relaid;
           filled.insert(slices[e]);
           continue;
         }
@@ -118,22 +134,27 @@ std::unique_ptr<models::CausalLM> load_gguf_model(const fs::path& file, const Lo
     LOOM_CHECK(t.hf_shape() == p->full_shape, file.string() + ": tensor '" + t.name + "' (" + hf +
                                                   ") has shape " + shape_str(t.hf_shape()) +
                                                   " vs expected " + shape_str(p->full_shape));
-    if (opt.keep_quantized && t.ne.size() == 2 && t.type != GgmlType::F32 && !keep_f32(hf)) {
+    if (opt.keep_quantized && t.ne.size() == 2 && t.type != GgmlType::F32 && !opt.keeps_f32(hf)) {
       p->quant = std::make_shared<const QuantMatrix>(shard_of(read_hf_quant(f, t), *p, file));
       p->trainable = false;
-      ++n_quantized;
-    } else if (p->shard.sharded()) {
-      std::vector<float> full(shape_numel(p->full_shape));
-      read_hf_tensor(f, t, full.data());
-      nn::shard_from_full(*p, full.data(), p->value.f32());
+      ++n_relaid;
+    } else if (!p->shard.sharded() && !opt.half_for(*p)) {
+      read_hf_tensor(f, t, p->value.f32());  // straight into its slot
     } else {
-      read_hf_tensor(f, t, p->value.f32());
+      std::vector<float> v(shape_numel(p->full_shape));
+      read_hf_tensor(f, t, v.data());
+      if (p->shard.sharded()) {  // this rank's slice
+        std::vector<float> mine(shape_numel(p->shape));
+        nn::shard_from_full(*p, v.data(), mine.data());
+        v.swap(mine);
+      }
+      store(*p, v.data());
     }
     filled.insert(hf);
   }
-  // Lay the store out again without f32 slots for the quantized weights (their pages in
-  // the first layout were never written, so they never became resident).
-  if (n_quantized > 0) model->params().materialize();
+  // Lay the store out again without f32 slots for the quantized and 16-bit weights (their
+  // pages in the first layout were never written, so they never became resident).
+  if (n_relaid > 0) model->params().materialize();
   for (auto& p : model->params().all())
     LOOM_CHECK(filled.count(p->name), file.string() + ": no tensor for '" + p->name + "'");
   if (!unused.empty())
@@ -160,7 +181,7 @@ std::unique_ptr<models::CausalLM> load_model(const fs::path& path, const LoadOpt
   const fs::path p = expand_user(path);
   if (is_adapter_folder(p)) return load_adapter_model(p, opt);
   if (is_gguf(p)) return load_gguf_model(p, opt);
-  return load_hf_model(p, opt.tp, opt.stage);
+  return load_hf_model(p, opt);
 }
 
 }  // namespace loom::io

@@ -84,8 +84,10 @@ void declare_peft(CausalLM& model, const PeftConfig& cfg) {
     for (auto& p : ps.all()) {
       if (p->kind == nn::ParamKind::Buffer || !peft_name_matches(module_of(p->name), entry))
         continue;
-      LOOM_CHECK(!p->quantized(), "peft.modules_to_save: " + p->name +
-                                      " is held quantized and cannot be trained in full");
+      LOOM_CHECK(!p->quantized() && !p->held_in_half(),
+                 "peft.modules_to_save: " + p->name + " is held " +
+                     (p->quantized() ? "quantized" : "in 16 bits") +
+                     " and cannot be trained in full");
       p->trainable = hit = true;
     }
     LOOM_CHECK(hit, "peft.modules_to_save: '" + entry + "' matches no module of the " +

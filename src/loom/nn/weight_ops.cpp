@@ -69,13 +69,18 @@ void hold_frozen_in_half(ParamStore& ps, kernels::Half format,
   bool any = false;
   for (const auto& p : ps.all()) {
     if (p->trainable || !takes_half(*p) || p->held_in_half()) continue;
-    p->half =
-        std::make_shared<HalfCopy>(HalfCopy{format, half_zeros(p->shape, format), true, false});
-    half_weight(*p);  // converted from the f32 value while it exists
-    p->half->only = true;
+    hold_in_half(*p, p->value.f32(), format);  // converted from the f32 value while it exists
     any = true;
   }
   if (any) ps.materialize(group);  // lays the store out without their f32 values
+}
+
+void hold_in_half(Parameter& p, const float* v, kernels::Half format) {
+  LOOM_CHECK(takes_half(p), "internal: " + p.name + " is not a matrix to hold in 16 bits");
+  Tensor data = half_zeros(p.shape, format);
+  kernels::to_half(format, v, static_cast<uint16_t*>(data.raw()), data.numel());
+  p.half = std::make_shared<HalfCopy>(HalfCopy{format, data, false, true});
+  p.trainable = false;
 }
 
 void mark_half_stale(const Parameter& p) {

@@ -38,6 +38,11 @@ void mark_half_stale(const Parameter& p);
 // LoRA in bf16 then takes half the memory; products and lookups read the 16-bit weight.
 void hold_frozen_in_half(ParamStore& ps, kernels::Half format,
                          const std::function<int(const Parameter&)>& group = {});
+// One matrix of it (takes_half(p)): frozen and held in `format` alone, rounded from v
+// (p.shape's values). A loader passes each tensor as it reads it (io::LoadOptions::half), so
+// the f32 slot is never written: its pages never become resident, and the next materialize()
+// lays the store out without it. The load's peak is then the 16-bit weights plus one tensor.
+void hold_in_half(Parameter& p, const float* v, kernels::Half format);
 // A zero tensor of `shape` in the 16-bit format f (BF16 or F16).
 Tensor half_zeros(const std::vector<int64_t>& shape, kernels::Half f);
 // Row r of a matrix held in 16 bits (w.held_in_half() or with a copy), widened to fp32.

@@ -170,6 +170,9 @@ Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
   }
   load.keep_quantized = cfg_.peft.enabled();
   load.keep_f32_modules = cfg_.peft.modules_to_save;
+  // Mixed precision with a frozen base: its matrices go into 16 bits as they are read (the
+  // base never exists in f32 as a whole; hold_frozen_in_half below catches the rest).
+  if (cfg_.peft.enabled()) load.half = cfg_.zero.half;
   load.tp = tp_;
   if (cfg.pipeline.size > 1) load.stage = stage_range_ = pipeline_stage_range();
   // Expert parallelism: this rank declares and loads only its slice of the routed experts.
