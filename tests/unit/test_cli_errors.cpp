@@ -265,5 +265,14 @@ TEST_F(CliErrors, UsageErrorsExitTwo) {
   EXPECT_EQ(run("train").code, 2);
 }
 
+// --help after a command is a request, not a flag missing its value.
+TEST_F(CliErrors, HelpAfterACommandPrintsTheUsage) {
+  for (const char* args : {"--help", "generate --help", "train cfg.json -h", "plan --help"}) {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 0) << args << ": " << r.output;
+    EXPECT_NE(r.output.find("usage:"), std::string::npos) << args;
+  }
+}
+
 }  // namespace
 }  // namespace loom

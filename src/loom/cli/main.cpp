@@ -445,7 +445,13 @@ int cmd_export(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+  // `loom --help` and `loom CMD --help` (anywhere before launch's `--`) print the usage.
+  const auto asks_help = [&] {
+    for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i)
+      if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return true;
+    return false;
+  };
+  if (argc < 2 || asks_help()) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
