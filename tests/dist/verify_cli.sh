@@ -5,6 +5,7 @@
 # on one process verify refuses with a message saying how to run it. Tensor parallel: the same
 # LoRA run at tp2 (2 ranks, dropout on) is EQUAL; tp3 on 3 ranks fails at once naming the
 # heads (the fixture has 4), with nothing written. Pipeline parallel: pp2 is EQUAL and trains.
+# bf16: one step EQUAL; a DIFFERENT verdict over more steps says why (16-bit rounding drift).
 # usage: verify_cli.sh LOOM SOURCE_DIR MPIRUN [mpirun options...]
 set -u
 loom=$1 src=$2
@@ -85,6 +86,19 @@ rc=$?
 grep -q 'pipeline parallel 2 (1f1b' "$tmp/pp2-train.log" || fail "the pp2 layout is not reported"
 [ -f "$tmp/pp2-out/checkpoint-final/adapter_model.safetensors" ] || fail "no pp2 adapter"
 ! ls "$tmp/pp2-out/checkpoint-final" | grep -q stage || fail "stage parts left in the folder"
+
+# bf16 (the frozen base loaded straight into 16 bits on every rank): one step is exact up to
+# fp32 order, EQUAL; over several steps the 16-bit roundings may drift, and a DIFFERENT
+# verdict then explains why and names --steps 1.
+"$@" -np 3 "$loom" verify "$tmp/cfg.json" --set bf16.enabled=true --steps 1 > "$tmp/bf16.log" 2>&1
+rc=$?
+tail -2 "$tmp/bf16.log"
+[ $rc -eq 0 ] || fail "verify of one bf16 step exited $rc"
+grep -q '^EQUAL: ' "$tmp/bf16.log" || fail "no EQUAL verdict for one bf16 step"
+"$@" -np 3 "$loom" verify "$tmp/cfg.json" --set bf16.enabled=true --rtol 0 > "$tmp/bf16s.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] || fail "verify of bf16 with --rtol 0 exited 0"
+grep -q 'run --steps 1' "$tmp/bf16s.log" || fail "no note on 16-bit drift"
 
 "$loom" verify "$tmp/cfg.json" > "$tmp/one.log" 2>&1
 rc=$?
