@@ -4,6 +4,7 @@
 // export; and the errors for bad PEFT configs and adapter folders.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -26,6 +27,46 @@ namespace {
 namespace fs = std::filesystem;
 using test::error_of;
 using test::GradTarget;
+
+// Peak resident memory (VmHWM) in KiB, -1 where the kernel does not report it; resetting
+// (/proc/self/clear_refs 5) brings it down to the current RSS.
+int64_t peak_rss_kib() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6));
+  return -1;
+}
+int64_t reset_peak_rss_kib() {
+  std::ofstream("/proc/self/clear_refs") << "5";
+  return peak_rss_kib();
+}
+
+// PEFT lays the store out again after the base is loaded (its parameters added, the base
+// frozen): each value is moved into the new layout and its old pages given back as it goes,
+// so at that moment a loaded f32 base is held once plus its largest tensor, not twice (a 7B
+// base: ~28 GB, not 56).
+TEST(Peft, LayingTheStoreOutAgainHoldsOneCopyOfTheBase) {
+  nn::ParamStore ps;
+  std::vector<nn::Parameter*> base;  // 32 matrices of 4 MiB
+  for (int i = 0; i < 32; ++i)
+    base.push_back(ps.add("layers." + std::to_string(i) + ".weight", {512, 2048},
+                          nn::ParamKind::Weight, 0.0f));
+  ps.materialize();
+  for (nn::Parameter* w : base) {
+    std::fill_n(w->value.f32(), w->value.numel(), 1.5f);
+    w->trainable = false;
+  }
+  ps.add("layers.0.lora_A.weight", {8, 2048}, nn::ParamKind::Weight, 0.0f);
+  const int64_t before = reset_peak_rss_kib();
+  if (before < 0) GTEST_SKIP() << "no VmHWM in /proc/self/status";
+  ps.materialize();
+  const int64_t grew = peak_rss_kib() - before;
+  EXPECT_LT(grew, 16 * 1024) << "KiB more at the peak (the base copied whole adds 131072)";
+  for (nn::Parameter* w : base) {
+    const float* v = w->value.f32();
+    EXPECT_TRUE(std::all_of(v, v + w->value.numel(), [](float x) { return x == 1.5f; })) << w->name;
+  }
+}
 
 TEST(PeftGrad, LoraLinearWithDropout) {
   const int64_t N = 5, in = 6, out = 7;

@@ -119,6 +119,9 @@ void ParamStore::materialize(const std::function<int(const Parameter&)>& group) 
     Tensor old = p.value;
     p.value = p.has_f32() ? values.slice0(p.offset, p.offset + n).reshape(p.shape) : Tensor();
     if (i < n_materialized_ && old.defined() && p.value.defined()) p.value.copy_from(old);
+    // The old layout's copy is dead once moved: its pages go back as the loop goes, so laying
+    // out a loaded f32 model again (PEFT's parameters added) peaks near one store, not two.
+    if (old.shares_storage(values_)) old.release_pages();
     p.grad =
         p.trainable ? grads_.slice0(p.grad_offset, p.grad_offset + n).reshape(p.shape) : Tensor();
   }
@@ -135,14 +138,15 @@ void ParamStore::drop_trainable_values() {
   size_t at = 0;
   for (auto& p : params_) {
     Tensor old = p->value;
-    if (p->trainable || !p->has_f32()) {
-      if (p->trainable) p->value = Tensor();
-      continue;
+    if (p->trainable) {
+      p->value = Tensor();
+    } else if (p->has_f32()) {
+      p->offset = at;
+      p->value = values.slice0(at, at + shape_numel(p->shape)).reshape(p->shape);
+      p->value.copy_from(old);
+      at += shape_numel(p->shape);
     }
-    p->offset = at;
-    p->value = values.slice0(at, at + shape_numel(p->shape)).reshape(p->shape);
-    p->value.copy_from(old);
-    at += shape_numel(p->shape);
+    if (old.shares_storage(values_)) old.release_pages();  // as materialize() does
   }
   values_ = values;
 }

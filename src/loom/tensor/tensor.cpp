@@ -1,6 +1,7 @@
 #include "loom/tensor/tensor.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -87,6 +88,13 @@ Storage::Storage(size_t nbytes) : nbytes_(nbytes), owned_(true) {
   account(static_cast<int64_t>(nbytes_));
 }
 
+void Storage::release(size_t begin, size_t end) {
+  if (!mapped_ || end > nbytes_) return;
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (first < last) ::madvise(data_ + first, last - first, MADV_DONTNEED);
+}
+
 Storage::Storage(void* borrowed, size_t nbytes)
     : data_(static_cast<std::byte*>(borrowed)), nbytes_(nbytes), owned_(false) {}
 
@@ -152,6 +160,12 @@ void Tensor::copy_from(const Tensor& src) const {
   LOOM_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_,
              "copy from " + shape_str(src.shape_) + " into " + shape_str(shape_));
   std::memcpy(raw(), src.raw(), nbytes());
+}
+
+void Tensor::release_pages() const {
+  if (!storage_) return;
+  const size_t begin = offset_ * dtype_size(dtype_);
+  storage_->release(begin, begin + nbytes());
 }
 
 }  // namespace loom

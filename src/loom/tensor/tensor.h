@@ -39,6 +39,10 @@ class Storage {
   Storage& operator=(const Storage&) = delete;
   std::byte* data() { return data_; }
   size_t nbytes() const { return nbytes_; }
+  // Gives the whole pages inside bytes [begin, end) back to the kernel: they cost no memory
+  // until written again and read as zeros (mmap'ed storage only; a no-op otherwise). For
+  // contents that are dead while the rest of the buffer lives on.
+  void release(size_t begin, size_t end);
 
  private:
   std::byte* data_;
@@ -71,6 +75,9 @@ class Tensor {
   Tensor slice0(int64_t begin, int64_t end) const;  // rows [begin, end) of dim 0
   void zero_() const;
   void copy_from(const Tensor& src) const;  // same shape and dtype
+  // The view's contents are dead: Storage::release of its bytes (the whole pages inside it).
+  void release_pages() const;
+  bool shares_storage(const Tensor& o) const { return storage_ && storage_ == o.storage_; }
 
  private:
   std::shared_ptr<Storage> storage_;
