@@ -61,7 +61,11 @@ TEST(Peft, LayingTheStoreOutAgainHoldsOneCopyOfTheBase) {
   if (before < 0) GTEST_SKIP() << "no VmHWM in /proc/self/status";
   ps.materialize();
   const int64_t grew = peak_rss_kib() - before;
+#ifndef __SANITIZE_ADDRESS__  // under ASan the peak counts its shadow and quarantine too
   EXPECT_LT(grew, 16 * 1024) << "KiB more at the peak (the base copied whole adds 131072)";
+#else
+  (void)grew;
+#endif
   for (nn::Parameter* w : base) {
     const float* v = w->value.f32();
     EXPECT_TRUE(std::all_of(v, v + w->value.numel(), [](float x) { return x == 1.5f; })) << w->name;
