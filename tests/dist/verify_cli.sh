@@ -5,7 +5,9 @@
 # on one process verify refuses with a message saying how to run it. Tensor parallel: the same
 # LoRA run at tp2 (2 ranks, dropout on) is EQUAL; tp3 on 3 ranks fails at once naming the
 # heads (the fixture has 4), with nothing written. Pipeline parallel: pp2 is EQUAL and trains.
-# bf16: one step EQUAL; a DIFFERENT verdict over more steps says why (16-bit rounding drift).
+# bf16: one step EQUAL; a DIFFERENT verdict over more steps says why (16-bit rounding drift);
+# ZeRO-2 on 2 ranks, which sums the micro-batches in one process's order, EQUAL over all
+# 6 steps with bitwise equal final parameters.
 # usage: verify_cli.sh LOOM SOURCE_DIR MPIRUN [mpirun options...]
 set -u
 loom=$1 src=$2
@@ -99,6 +101,13 @@ grep -q '^EQUAL: ' "$tmp/bf16.log" || fail "no EQUAL verdict for one bf16 step"
 rc=$?
 [ $rc -ne 0 ] || fail "verify of bf16 with --rtol 0 exited 0"
 grep -q 'run --steps 1' "$tmp/bf16s.log" || fail "no note on 16-bit drift"
+"$@" -np 2 "$loom" verify "$tmp/cfg.json" --set bf16.enabled=true --set zero_optimization.stage=2 \
+  > "$tmp/bf16z2.log" 2>&1
+rc=$?
+tail -2 "$tmp/bf16z2.log"
+[ $rc -eq 0 ] || fail "verify of bf16 at ZeRO-2 on 2 ranks exited $rc"
+grep -q '^final parameters: .* difference 0.00e+00' "$tmp/bf16z2.log" ||
+  fail "bf16 at ZeRO-2 on 2 ranks: final parameters not bitwise equal"
 
 "$loom" verify "$tmp/cfg.json" > "$tmp/one.log" 2>&1
 rc=$?

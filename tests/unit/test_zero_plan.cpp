@@ -3,6 +3,9 @@
 // grads 4, moments 8 bytes per parameter; each divided by N where the stage shards it).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+
 #include "common/test_util.h"
 #include "loom/models/gpt2.h"
 #include "loom/parallel/zero.h"
@@ -28,6 +31,46 @@ TEST(ZeroPlan, PiecesCoverEveryUnitOnce) {
     }
     for (int i = 0; i < 22; ++i) EXPECT_EQ(seen[i], 1) << "world " << world << " element " << i;
   }
+}
+
+// The pairwise sum over micro-batches (what makes ZeRO-2/3 on 2 ranks the same arithmetic
+// as one process): for every count A, the sum of 2A pieces equals the sum of the A pieces
+// that add them in pairs (2k, 2k + 1), bit for bit, as a 2-rank reduce-scatter hands them
+// over; a running sum does not (checked, so the pieces are ones where order matters).
+TEST(ZeroPlan, MicroBatchSumOfPairsIsTheSumOfTheirHalves) {
+  const int64_t n = 257;
+  for (int64_t A = 1; A <= 9; ++A) {
+    std::vector<std::vector<float>> g(2 * A, std::vector<float>(n));
+    uint32_t x = 12345 + static_cast<uint32_t>(A);
+    for (auto& v : g)
+      for (float& e : v) {
+        x = x * 1664525u + 1013904223u;
+        e = std::ldexp(static_cast<float>(x >> 8) / 16777216.0f - 0.5f, static_cast<int>(x % 9));
+      }
+    auto piece = [&](auto fill) {
+      Tensor t = Tensor::zeros({n});
+      for (int64_t i = 0; i < n; ++i) t.f32()[i] = fill(i);
+      return t;
+    };
+    std::vector<float> one(n, 0.0f), two(n, 0.0f), running(n, 0.0f);
+    parallel::MicroBatchSum s1, s2;
+    for (int64_t k = 0; k < 2 * A; ++k) {
+      s1.add(one.data(), piece([&](int64_t i) { return g[k][i]; }), n);
+      for (int64_t i = 0; i < n; ++i) running[i] += g[k][i];
+    }
+    s1.finish(one.data(), n);
+    for (int64_t k = 0; k < A; ++k)
+      s2.add(two.data(), piece([&](int64_t i) { return g[2 * k][i] + g[2 * k + 1][i]; }), n);
+    s2.finish(two.data(), n);
+    EXPECT_EQ(std::memcmp(one.data(), two.data(), n * sizeof(float)), 0) << "A = " << A;
+    if (A >= 2) {
+      EXPECT_NE(std::memcmp(one.data(), running.data(), n * sizeof(float)), 0) << "A = " << A;
+    }
+    for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(one[i], running[i], 1e-4) << "A = " << A;
+  }
+  // Partials held beside the accumulator: the largest popcount of 1..A, less one.
+  for (auto [A, held] : {std::pair{1, 0}, {2, 0}, {3, 1}, {6, 1}, {7, 2}, {14, 2}, {15, 3}})
+    EXPECT_EQ(parallel::MicroBatchSum::sum_buffers(A), held) << "A = " << A;
 }
 
 // GPT-2 124M's shape at 4 ranks: the planned model state is the paper's within 5% (the

@@ -44,7 +44,8 @@ int64_t ZeroPartition::piece_end(size_t u) const {
   return std::min(unit_len[u], (rank_of(u) + 1) * piece[u]);
 }
 
-ZeroMemory ZeroPartition::memory(int stage, int64_t frozen_bytes, const StateBytes& b) const {
+ZeroMemory ZeroPartition::memory(int stage, int64_t frozen_bytes, const StateBytes& b,
+                                 int64_t micro_batches) const {
   int64_t total = 0;
   std::vector<int64_t> padded;
   for (size_t u = 0; u < unit_len.size(); ++u) {
@@ -74,9 +75,49 @@ ZeroMemory ZeroPartition::memory(int stage, int64_t frozen_bytes, const StateByt
   // parameters of up to three units (the current one, the prefetched next one, a tied
   // embedding held from lookup to head). Bounded with the three largest units.
   if (stage == 1) m.buffers = f * (shard_len + all_padded);
-  if (stage >= 2) m.buffers = f * (top3 + top3 / world);
+  // Stages 2-3 also keep the pairwise sums' pieces (fp32, a shard each at most).
+  if (stage >= 2)
+    m.buffers =
+        f * (top3 + top3 / world) + 4 * shard_len * MicroBatchSum::sum_buffers(micro_batches);
   if (stage >= 3) m.buffers += (b.param + b.half) * top3;
   return m;
+}
+
+// ---------------------------------------------------------------------------------------
+// Pairwise sum over micro-batches
+
+void MicroBatchSum::add(float* acc, Tensor piece, int64_t n) {
+  int level = 0;
+  // Carry: the new partial absorbs equal-level partials on top of the stack (they cover
+  // the micro-batches just before it), then the accumulator's when it is next.
+  while (!stack_.empty() && stack_.back().level == level) {
+    kernels::add_inplace(piece.f32(), stack_.back().sum.f32(), n);
+    stack_.pop_back();
+    ++level;
+  }
+  if (stack_.empty() && (acc_level_ < 0 || acc_level_ == level)) {
+    kernels::add_inplace(acc, piece.f32(), n);  // onto zero: the piece itself
+    acc_level_ = level + (acc_level_ < 0 ? 0 : 1);
+    return;
+  }
+  stack_.push_back({std::move(piece), level});
+}
+
+void MicroBatchSum::finish(float* acc, int64_t n) {
+  if (!stack_.empty()) {
+    Tensor rest = std::move(stack_.back().sum);  // lowest level first, upward
+    for (size_t i = stack_.size() - 1; i-- > 0;)
+      kernels::add_inplace(rest.f32(), stack_[i].sum.f32(), n);
+    kernels::add_inplace(acc, rest.f32(), n);
+  }
+  stack_.clear();
+  acc_level_ = -1;
+}
+
+int64_t MicroBatchSum::sum_buffers(int64_t micro_batches) {
+  int64_t most = 0;
+  for (int64_t k = 1; k <= micro_batches; k = 2 * k + 1) ++most;  // 1, 3, 7, ... 2^b - 1
+  return std::max<int64_t>(most - 1, 0);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -288,13 +329,16 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
     }
   }
   if (master_sharded_) ps.drop_trainable_values();
-  if (cfg_.stage >= 2) ps.drop_grads();
+  if (cfg_.stage >= 2) {
+    ps.drop_grads();
+    sums_.resize(units_.size());
+  }
   if (cfg_.half) nn::use_half_weights(ps, *cfg_.half);
   if (working_)
     for (Unit& u : units_) point_working(u);
   StateBytes bytes = cfg_.half ? StateBytes::loom_mixed() : StateBytes{};
   if (cfg_.comm) bytes.comm = 2;
-  mem_ = part_.memory(cfg_.stage, frozen_bytes, bytes);
+  mem_ = part_.memory(cfg_.stage, frozen_bytes, bytes, cfg_.micro_batches);
   model_.set_unit_hooks(this);
 }
 
@@ -387,6 +431,7 @@ void ZeroEngine::begin_backward() { in_backward_ = true; }
 void ZeroEngine::end_backward() {
   in_backward_ = false;
   if (cfg_.stage >= 2 || last_micro_) wait_all();
+  if (last_micro_) finish_sums();
 }
 
 void ZeroEngine::reduce_grads() {
@@ -397,6 +442,13 @@ void ZeroEngine::reduce_grads() {
     for (int u = L + 2; u < n; ++u) grads_ready(u);
   }
   wait_all();
+  finish_sums();
+}
+
+void ZeroEngine::finish_sums() {
+  for (size_t u = 0; u < sums_.size(); ++u)
+    sums_[u].finish(shard_grads_.f32() + part_.shard_offset[u],
+                    part_.piece_end(u) - part_.piece_begin(u));
 }
 
 std::pair<int, int64_t> ZeroEngine::unit_of(const nn::Parameter& p) const {
@@ -662,7 +714,11 @@ void ZeroEngine::finish(Pending& p) {
     kernels::from_half(*cfg_.comm, bits(p.wire_piece), p.piece.f32(), p.piece.numel());
   const int u = p.units[0];
   const int64_t n = part_.piece_end(u) - part_.piece_begin(u);
-  if (n > 0) kernels::add_inplace(shard_grads_.f32() + part_.shard_offset[u], p.piece.f32(), n);
+  float* acc = shard_grads_.f32() + part_.shard_offset[u];
+  if (cfg_.stage >= 2)
+    sums_[u].add(acc, std::move(p.piece), n);
+  else if (n > 0)
+    kernels::add_inplace(acc, p.piece.f32(), n);
   if (cfg_.stage >= 2) {
     point(units_[u], &nn::Parameter::grad, Tensor());
     units_[u].grad = Tensor();
@@ -670,8 +726,15 @@ void ZeroEngine::finish(Pending& p) {
 }
 
 void ZeroEngine::progress() {
+  // A unit's reductions retire in the order they started (its pairwise sum takes the
+  // micro-batches in order), whichever completes first.
+  auto earlier_of_unit = [&](size_t i) {
+    for (size_t k = 0; k < i; ++k)
+      if (pending_[k]->units == pending_[i]->units) return true;
+    return false;
+  };
   for (size_t i = 0; i < pending_.size();) {
-    if (pending_[i]->req.test()) {
+    if (!earlier_of_unit(i) && pending_[i]->req.test()) {
       finish(*pending_[i]);
       pending_.erase(pending_.begin() + i);
     } else {

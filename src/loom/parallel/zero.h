@@ -21,6 +21,15 @@
 // dp and the expert units behave as the others.
 // Gradients arrive already scaled by 1 / (target tokens of the global batch), so summing
 // over ranks gives the global batch's gradient exactly as one process computes it.
+// Stages 2-3 add the micro-batches' reduced pieces as a pairwise tree over the micro-batch
+// index (MicroBatchSum below), not a running sum. Rank r's k-th micro-batch is the global
+// batch's micro-batch k dp + r (data/sampler.h), and a 2-rank reduce-scatter adds the
+// pair (2k, 2k + 1) in one fp32 addition: the job's sums are then the upper levels of one
+// process's tree over the same micro-batches, bit for bit (with a power-of-two dp when the
+// reduction itself adds in a tree). That is what lets a 16-bit run on 2 ranks stay equal to
+// one process step after step (a 1e-7 difference in an fp32 master flips the rounding of
+// some 16-bit operands, and such flips compound). Pairwise sums also drift less over long
+// accumulations (error growing with log2 of the micro-batch count, not with the count).
 #pragma once
 
 #include <cstdint>
@@ -47,6 +56,33 @@ struct ZeroConfig {
   // their all-reduce / reduce-scatter (half the bytes; each pairwise sum rounded) and
   // widened back into the fp32 accumulators. Unset: fp32, the accumulation dtype.
   std::optional<kernels::Half> comm;
+  // Micro-batches per step on a rank (gradient accumulation): sizes the pairwise sums'
+  // buffers at stages 2-3 (ZeroPartition::memory).
+  int64_t micro_batches = 1;
+};
+
+// The pairwise sum of A micro-batches' gradient pieces, as a binary counter: the k-th piece
+// joins level 0, and two partial sums of the same level (2^j consecutive micro-batches each)
+// add into one of level j + 1 as soon as both exist; what is left at the end (one partial
+// per set bit of A) is added from the lowest level up. The earliest partial, always the
+// highest level, lives in the caller's accumulator; the others are the pieces themselves,
+// kept until they are added (at most sum_buffers(A) at a time).
+class MicroBatchSum {
+ public:
+  // acc: the accumulator, n elements, zero at the step's start; it ends holding the sum.
+  void add(float* acc, Tensor piece, int64_t n);
+  void finish(float* acc, int64_t n);  // after the step's last piece; ready for the next step
+  // Pieces held at most beside the accumulator over A micro-batches: the largest popcount
+  // of 1..A, less one (0 for A = 1 or 2, 1 for 3-6, 2 for 7-14).
+  static int64_t sum_buffers(int64_t micro_batches);
+
+ private:
+  struct Partial {
+    Tensor sum;
+    int level;
+  };
+  std::vector<Partial> stack_;  // levels strictly decreasing from bottom to top
+  int acc_level_ = -1;          // the accumulator's level; -1: nothing added yet
 };
 
 // Bytes one rank holds for the model state under a stage, and the engine's buffers: what
@@ -97,8 +133,10 @@ struct ZeroPartition {
   int64_t piece_end(size_t u) const;                                     // clipped to the unit
   // Model-state bytes per rank for `stage` with AdamW, `b` bytes per element of each kind:
   // frozen_bytes are the weights that are not trained (held whole on every rank; under
-  // mixed precision a frozen matrix is held in its 16 bits alone).
-  ZeroMemory memory(int stage, int64_t frozen_bytes, const StateBytes& b = {}) const;
+  // mixed precision a frozen matrix is held in its 16 bits alone); micro_batches per step
+  // size the pairwise sums' pieces at stages 2-3 (MicroBatchSum).
+  ZeroMemory memory(int stage, int64_t frozen_bytes, const StateBytes& b = {},
+                    int64_t micro_batches = 1) const;
 };
 
 class ZeroEngine : public models::UnitHooks {
@@ -190,7 +228,8 @@ class ZeroEngine : public models::UnitHooks {
   void point(Unit& u, Tensor nn::Parameter::*field, const Tensor& buf);
   void launch_reduce(int unit);
   void finish(Pending& p);
-  void progress();  // drives MPI and retires finished reductions
+  void finish_sums();  // stages 2-3: each unit's pairwise sum settled into shard_grads_
+  void progress();     // drives MPI and retires finished reductions
   void wait_all();
   // Stage 3: starts gathering a unit. Under mixed precision its matrices travel as the 16-bit
   // image and the rest packed in f32 (Unit::half / Unit::small, as stages 1-2 hold them);
@@ -231,6 +270,7 @@ class ZeroEngine : public models::UnitHooks {
   std::vector<optim::AdamW::Segment> segments_;
   std::vector<OwnedRun> owned_;
   Tensor shard_values_, shard_grads_;  // master_sharded_ / stage >= 1
+  std::vector<MicroBatchSum> sums_;    // stage >= 2: per unit, into its part of shard_grads_
   bool master_sharded_ = false;        // stage 3, or stages 1-2 with cfg_.half
   bool working_ = false;               // stages 1-2 with cfg_.half: Unit::half / Unit::small
   bool gather16_ = false;              // stage 3 with cfg_.half: gathered as half / small

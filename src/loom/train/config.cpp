@@ -382,6 +382,7 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
   }
   c.micro_batch = m;
   c.grad_accum = a;
+  c.zero.micro_batches = a;
   c.train_batch = m * a * dp;
 
   c.train_steps = r.integer(j, "train_steps", 100, 1);

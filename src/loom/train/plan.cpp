@@ -218,7 +218,7 @@ LayoutPlan evaluate(const std::vector<StageShape>& shapes, const Layout& l, int 
     st.n_layers = s.n_layers;
     const parallel::ZeroPartition part =
         parallel::ZeroPartition::make(s.unit_lens, l.dp, 0, s.unit_expert, l.dp / l.ep, 0);
-    st.state = part.memory(l.zero, s.frozen_bytes, l.bytes);
+    st.state = part.memory(l.zero, s.frozen_bytes, l.bytes, l.accum);
     st.paper_state = part.memory(l.zero, s.frozen_bytes, l.paper_bytes);
     st.activation_bytes = s.model->activation_bytes(l.micro, seq);
     st.in_flight = in_flight(l, static_cast<int>(r));

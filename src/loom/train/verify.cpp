@@ -220,12 +220,15 @@ VerifyReport verify(const TrainConfig& cfg, dist::ProcessMesh& mesh, int64_t ste
     const double first = std::max(rep.steps[0].rel, rep.steps[1].rel);
     std::printf(
         "note: the products round their operands to 16 bits (weights from the fp32 master,\n"
-        "  activations as they enter each product). The job and one process add the gradients\n"
-        "  in different fp32 orders, which moves the trained values by ~1e-7 and, from step 2\n"
-        "  on, flips the rounding of some operands; the flips compound (SmolLM2-135M, bf16,\n"
-        "  ZeRO-2, 20 steps: losses ~1e-4 apart, gradient norms up to 1e-2). Step 1 starts\n"
-        "  from the same weights: it agrees to %.2e here. For the exact check of a 16-bit\n"
-        "  layout run --steps 1 (its final parameters are the fp32 values after one update).\n",
+        "  activations as they enter each product). Where the job adds in another fp32 order\n"
+        "  than one process (ZeRO-0/1 sum each rank's micro-batches first, then the ranks;\n"
+        "  tensor parallelism splits the products' own sums; a data-parallel size that is not\n"
+        "  a power of two), the trained values move by ~1e-7, and from step 2 on that flips\n"
+        "  the rounding of some operands, and the flips compound. ZeRO-2/3 over 2 data-\n"
+        "  parallel ranks add the micro-batches in one process's pairwise order and stay\n"
+        "  bitwise equal (parallel/zero.h). Step 1 starts from the same weights: it agrees\n"
+        "  to %.2e here. For the exact check of a 16-bit layout run --steps 1 (its final\n"
+        "  parameters are the fp32 values after one update).\n",
         first);
   }
   std::fflush(stdout);
