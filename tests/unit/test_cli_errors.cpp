@@ -135,7 +135,7 @@ TEST_F(CliErrors, MixedPrecisionKeys) {
                  "config key 'communication_data_type' must be \"fp32\", \"bf16\" or \"fp16\"");
   expect_failure(
       run("train " + cfg + " --set bf16.enabled=true --set data_types.grad_accum_dtype=bf16"),
-      "'data_types.grad_accum_dtype': \"bf16\" is not implemented yet");
+      "'data_types.grad_accum_dtype' \"bf16\" needs zero_optimization.stage 2 or 3");
   // At 2^40 the scaled logit gradients overflow fp16 on every step down to 2^30.
   const Result scale =
       run("train " + cfg +

@@ -127,6 +127,15 @@ TEST(Plan, ZeroPaperFigureOneAt7_5B) {
           << stage;
       EXPECT_NEAR(p32.stages[0].state.model_state() / 1e9, loom[stage] / 1e9, 0.05) << stage;
     }
+    // 16-bit accumulation in the engine (stages 2-3): the shard's gradients in 2 bytes, so
+    // 2 + 14/64 and 14/64 per parameter.
+    j["data_types"] = {{"grad_accum_dtype", precision}};
+    const double loom16[] = {2.0 * psi + 14.0 * psi / 64, 14.0 * psi / 64};
+    for (int stage : {2, 3}) {
+      j["zero_optimization"] = {{"stage", stage}};
+      const train::LayoutPlan p16 = train::plan_layout(train::parse_config(j, "test", 64), 64);
+      EXPECT_NEAR(p16.stages[0].state.model_state() / 1e9, loom16[stage - 2] / 1e9, 0.05) << stage;
+    }
   }
 }
 

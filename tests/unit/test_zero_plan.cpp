@@ -52,21 +52,22 @@ TEST(ZeroPlan, MicroBatchSumOfPairsIsTheSumOfTheirHalves) {
       for (int64_t i = 0; i < n; ++i) t.f32()[i] = fill(i);
       return t;
     };
-    std::vector<float> one(n, 0.0f), two(n, 0.0f), running(n, 0.0f);
+    const Tensor one = Tensor::zeros({n}), two = Tensor::zeros({n});
+    std::vector<float> running(n, 0.0f);
     parallel::MicroBatchSum s1, s2;
     for (int64_t k = 0; k < 2 * A; ++k) {
-      s1.add(one.data(), piece([&](int64_t i) { return g[k][i]; }), n);
+      s1.add(one, piece([&](int64_t i) { return g[k][i]; }), n);
       for (int64_t i = 0; i < n; ++i) running[i] += g[k][i];
     }
-    s1.finish(one.data(), n);
+    s1.finish(one, n);
     for (int64_t k = 0; k < A; ++k)
-      s2.add(two.data(), piece([&](int64_t i) { return g[2 * k][i] + g[2 * k + 1][i]; }), n);
-    s2.finish(two.data(), n);
-    EXPECT_EQ(std::memcmp(one.data(), two.data(), n * sizeof(float)), 0) << "A = " << A;
+      s2.add(two, piece([&](int64_t i) { return g[2 * k][i] + g[2 * k + 1][i]; }), n);
+    s2.finish(two, n);
+    EXPECT_EQ(std::memcmp(one.f32(), two.f32(), n * sizeof(float)), 0) << "A = " << A;
     if (A >= 2) {
-      EXPECT_NE(std::memcmp(one.data(), running.data(), n * sizeof(float)), 0) << "A = " << A;
+      EXPECT_NE(std::memcmp(one.f32(), running.data(), n * sizeof(float)), 0) << "A = " << A;
     }
-    for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(one[i], running[i], 1e-4) << "A = " << A;
+    for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(one.f32()[i], running[i], 1e-4) << "A = " << A;
   }
   // Partials held beside the accumulator: the largest popcount of 1..A, less one.
   for (auto [A, held] : {std::pair{1, 0}, {2, 0}, {3, 1}, {6, 1}, {7, 2}, {14, 2}, {15, 3}})

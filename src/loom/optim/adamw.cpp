@@ -33,8 +33,13 @@ void AdamW::step(std::span<const Segment> segs, float lr, float grad_scale, bool
                "AdamW: segment outside the optimizer state");
     kernels::AdamWHyper h{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, s.decay ? cfg_.weight_decay : 0.0f,
                           t_, grad_scale};
-    kernels::adamw_update(s.value, s.grad, m_.f32() + s.state_offset, v_.f32() + s.state_offset,
-                          s.n, h, s.half, clear_grads);
+    float *m = m_.f32() + s.state_offset, *v = v_.f32() + s.state_offset;
+    if (s.grad16) {
+      LOOM_CHECK(!clear_grads, "internal: AdamW clears f32 gradients only");
+      kernels::adamw_update(s.value, s.grad16, s.grad_format, m, v, s.n, h, s.half);
+    } else {
+      kernels::adamw_update(s.value, s.grad, m, v, s.n, h, s.half, clear_grads);
+    }
   }
 }
 

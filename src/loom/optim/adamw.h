@@ -37,6 +37,9 @@ class AdamW {
     int64_t n;
     bool decay;
     kernels::HalfOut half = {};  // the value's 16-bit working copy, rewritten in the same pass
+    // A gradient held in 16 bits (grad_accum_dtype bf16/fp16; `grad` unused), widened as read.
+    const uint16_t* grad16 = nullptr;
+    kernels::Half grad_format = kernels::Half::bf16;
   };
   AdamW(const AdamWConfig& cfg, int64_t state_numel);
   // Moments for every trainable parameter of ps, laid out like its gradient buffer.

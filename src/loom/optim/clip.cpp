@@ -2,14 +2,14 @@
 
 #include <algorithm>
 
+#include "loom/kernels/cpu/bf16.h"
 #include "loom/util/profile.h"
 
 namespace loom::optim {
 
-double sum_of_squares(const Tensor& flat) {
-  prof::ScopedPhase ph(prof::Phase::Optimizer);
-  const float* g = flat.f32();
-  const int64_t n = flat.numel();
+namespace {
+template <typename G>
+double squares(G g, int64_t n) {
   constexpr int64_t kBlock = 8192;
   double s = 0.0;
   // Blocks across threads, an explicit simd reduction inside (a plain `parallel for
@@ -19,10 +19,23 @@ double sum_of_squares(const Tensor& flat) {
     const int64_t b1 = std::min(n, b0 + kBlock);
     double part = 0.0;
 #pragma omp simd reduction(+ : part)
-    for (int64_t i = b0; i < b1; ++i) part += static_cast<double>(g[i]) * g[i];
+    for (int64_t i = b0; i < b1; ++i) {
+      const double x = kernels::widen(g, i);
+      part += x * x;
+    }
     s += part;
   }
   return s;
+}
+}  // namespace
+
+double sum_of_squares(const Tensor& flat) {
+  prof::ScopedPhase ph(prof::Phase::Optimizer);
+  const int64_t n = flat.numel();
+  const auto* h = static_cast<const uint16_t*>(flat.raw());
+  if (flat.dtype() == DType::BF16) return squares(kernels::HalfPtr<kernels::Half::bf16>{h}, n);
+  if (flat.dtype() == DType::F16) return squares(kernels::HalfPtr<kernels::Half::f16>{h}, n);
+  return squares(flat.f32(), n);
 }
 
 float clip_coefficient(double global_norm, double max_norm) {

@@ -9,7 +9,7 @@
 
 namespace loom::optim {
 
-double sum_of_squares(const Tensor& flat);  // accumulated in double
+double sum_of_squares(const Tensor& flat);  // f32, bf16 or fp16; accumulated in double
 
 // Multiplier for the gradients: 1 when norm <= max_norm or max_norm <= 0 (off).
 float clip_coefficient(double global_norm, double max_norm);

@@ -84,9 +84,32 @@ ZeroMemory ZeroPartition::memory(int stage, int64_t frozen_bytes, const StateByt
 }
 
 // ---------------------------------------------------------------------------------------
+// Gradient accumulators: f32, or 16 bits under grad_accum_dtype
+
+namespace {
+kernels::Half half_of(const Tensor& t) {
+  return t.dtype() == DType::BF16 ? kernels::Half::bf16 : kernels::Half::f16;
+}
+
+// acc[0, n) += x[0, n), in acc's dtype (one rounding per element for 16 bits).
+void add_into(const Tensor& acc, const float* x, int64_t n) {
+  if (n <= 0) return;
+  if (acc.dtype() == DType::F32) return kernels::add_inplace(acc.f32(), x, n);
+  kernels::add_to_half(half_of(acc), x, static_cast<uint16_t*>(acc.raw()), n);
+}
+
+// acc[0, n) as f32.
+void widen_into(const Tensor& acc, float* out, int64_t n) {
+  if (n <= 0) return;
+  if (acc.dtype() == DType::F32) return void(std::memcpy(out, acc.f32(), n * sizeof(float)));
+  kernels::from_half(half_of(acc), static_cast<const uint16_t*>(acc.raw()), out, n);
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
 // Pairwise sum over micro-batches
 
-void MicroBatchSum::add(float* acc, Tensor piece, int64_t n) {
+void MicroBatchSum::add(const Tensor& acc, Tensor piece, int64_t n) {
   int level = 0;
   // Carry: the new partial absorbs equal-level partials on top of the stack (they cover
   // the micro-batches just before it), then the accumulator's when it is next.
@@ -96,19 +119,19 @@ void MicroBatchSum::add(float* acc, Tensor piece, int64_t n) {
     ++level;
   }
   if (stack_.empty() && (acc_level_ < 0 || acc_level_ == level)) {
-    kernels::add_inplace(acc, piece.f32(), n);  // onto zero: the piece itself
+    add_into(acc, piece.f32(), n);  // onto zero: the piece itself
     acc_level_ = level + (acc_level_ < 0 ? 0 : 1);
     return;
   }
   stack_.push_back({std::move(piece), level});
 }
 
-void MicroBatchSum::finish(float* acc, int64_t n) {
+void MicroBatchSum::finish(const Tensor& acc, int64_t n) {
   if (!stack_.empty()) {
     Tensor rest = std::move(stack_.back().sum);  // lowest level first, upward
     for (size_t i = stack_.size() - 1; i-- > 0;)
       kernels::add_inplace(rest.f32(), stack_[i].sum.f32(), n);
-    kernels::add_inplace(acc, rest.f32(), n);
+    add_into(acc, rest.f32(), n);
   }
   stack_.clear();
   acc_level_ = -1;
@@ -202,6 +225,8 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
     : model_(model), comm_(dp), edp_(edp), cfg_(cfg), tp_(tp) {
   LOOM_CHECK(cfg.stage >= 0 && cfg.stage <= 3,
              "zero_optimization.stage must be 0, 1, 2 or 3, got " + std::to_string(cfg.stage));
+  LOOM_CHECK(!cfg.accum || cfg.stage >= 2,
+             "internal: 16-bit gradient accumulation needs ZeRO stage 2 or 3");
   nn::ParamStore& ps = model.params();
   // Units and their flat ranges: each unit's trainable parameters are one contiguous run,
   // units in increasing order (ParamStore::materialize with the model's unit_of: the dense
@@ -285,7 +310,8 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
         if (a < b) owned_.push_back({p, a - p0, b - p0, part_.shard_offset[u] + (a - lo)});
       }
     }
-    shard_grads_ = Tensor::zeros({part_.shard_len});
+    shard_grads_ = cfg_.accum ? nn::half_zeros({part_.shard_len}, *cfg_.accum)
+                              : Tensor::zeros({part_.shard_len});
   }
   master_sharded_ = cfg_.stage >= 3 || (cfg_.stage >= 1 && cfg_.half);
   working_ = master_sharded_ && cfg_.stage <= 2;
@@ -338,6 +364,7 @@ ZeroEngine::ZeroEngine(models::CausalLM& model, dist::Communicator& dp, const Ze
     for (Unit& u : units_) point_working(u);
   StateBytes bytes = cfg_.half ? StateBytes::loom_mixed() : StateBytes{};
   if (cfg_.comm) bytes.comm = 2;
+  if (cfg_.accum) bytes.grad = 2;
   mem_ = part_.memory(cfg_.stage, frozen_bytes, bytes, cfg_.micro_batches);
   model_.set_unit_hooks(this);
 }
@@ -447,8 +474,13 @@ void ZeroEngine::reduce_grads() {
 
 void ZeroEngine::finish_sums() {
   for (size_t u = 0; u < sums_.size(); ++u)
-    sums_[u].finish(shard_grads_.f32() + part_.shard_offset[u],
-                    part_.piece_end(u) - part_.piece_begin(u));
+    sums_[u].finish(shard_piece(u), part_.piece_end(u) - part_.piece_begin(u));
+}
+
+Tensor ZeroEngine::shard_piece(size_t u) const {
+  const int64_t at = part_.shard_offset[u];
+  return shard_grads_.slice0(at,
+                             at + std::max<int64_t>(part_.piece_end(u) - part_.piece_begin(u), 0));
 }
 
 std::pair<int, int64_t> ZeroEngine::unit_of(const nn::Parameter& p) const {
@@ -464,9 +496,7 @@ Tensor ZeroEngine::reduced_grad(const nn::Parameter& p) {
   const auto [u, p0] = unit_of(p);
   const int64_t c = part_.piece[u], lo = part_.piece_begin(u), hi = part_.piece_end(u);
   Tensor unit = Tensor::zeros({c * part_.world_of(u)});
-  if (hi > lo)
-    std::memcpy(unit.f32() + lo, shard_grads_.f32() + part_.shard_offset[u],
-                (hi - lo) * sizeof(float));
+  widen_into(shard_piece(u), unit.f32() + lo, hi - lo);
   {
     prof::ScopedPhase ph(prof::Phase::Comm);
     comm(u).all_gather(unit.f32() + lo, unit.f32(), c);
@@ -486,8 +516,8 @@ void ZeroEngine::add_to_reduced_grad(const nn::Parameter& p, const Tensor& extra
   const int64_t n = shape_numel(p.shape);
   const int64_t a = std::max(part_.piece_begin(u), p0), b = std::min(part_.piece_end(u), p0 + n);
   if (a < b)
-    kernels::add_inplace(shard_grads_.f32() + part_.shard_offset[u] + (a - part_.piece_begin(u)),
-                         extra.f32() + (a - p0), b - a);
+    add_into(shard_piece(u).slice0(a - part_.piece_begin(u), b - part_.piece_begin(u)),
+             extra.f32() + (a - p0), b - a);
 }
 
 double ZeroEngine::grad_sq_norm() {
@@ -529,11 +559,18 @@ double ZeroEngine::grad_sq_norm() {
 }
 
 std::optional<ZeroEngine::NonFinite> ZeroEngine::first_non_finite() const {
+  std::vector<float> wide;
   for (const OwnedRun& r : owned_) {
-    const float* g = cfg_.stage == 0
-                         ? model_.params().flat_grads().f32() + r.param->grad_offset + r.begin
-                         : shard_grads_.f32() + r.state_offset;
-    for (int64_t i = 0; i < r.end - r.begin; ++i)
+    const int64_t n = r.end - r.begin;
+    const float* g;
+    if (cfg_.stage == 0) {
+      g = model_.params().flat_grads().f32() + r.param->grad_offset + r.begin;
+    } else {
+      wide.resize(n);
+      widen_into(shard_grads_.slice0(r.state_offset, r.state_offset + n), wide.data(), n);
+      g = wide.data();
+    }
+    for (int64_t i = 0; i < n; ++i)
       if (!std::isfinite(g[i])) return NonFinite{&r, r.begin + i, g[i]};
   }
   return std::nullopt;
@@ -551,8 +588,15 @@ void ZeroEngine::optimizer_step(float lr, float clip_coef) {
   }
   segments_.clear();
   for (const OwnedRun& r : owned_) {
-    segments_.push_back({owned_value(r), shard_grads_.f32() + r.state_offset, r.state_offset,
-                         r.end - r.begin, opt_->config().decays(r.param->kind)});
+    optim::AdamW::Segment seg{owned_value(r), nullptr, r.state_offset, r.end - r.begin,
+                              opt_->config().decays(r.param->kind)};
+    if (cfg_.accum) {
+      seg.grad16 = bits(shard_grads_) + r.state_offset;
+      seg.grad_format = *cfg_.accum;
+    } else {
+      seg.grad = shard_grads_.f32() + r.state_offset;
+    }
+    segments_.push_back(seg);
     // Stages 1-2 under mixed precision: the update also rounds a matrix's run into its
     // place in the unit's 16-bit image, which sync_working then gathers as it is.
     if (working_ && nn::takes_half(*r.param)) {
@@ -714,11 +758,10 @@ void ZeroEngine::finish(Pending& p) {
     kernels::from_half(*cfg_.comm, bits(p.wire_piece), p.piece.f32(), p.piece.numel());
   const int u = p.units[0];
   const int64_t n = part_.piece_end(u) - part_.piece_begin(u);
-  float* acc = shard_grads_.f32() + part_.shard_offset[u];
   if (cfg_.stage >= 2)
-    sums_[u].add(acc, std::move(p.piece), n);
-  else if (n > 0)
-    kernels::add_inplace(acc, p.piece.f32(), n);
+    sums_[u].add(shard_piece(u), std::move(p.piece), n);
+  else
+    add_into(shard_piece(u), p.piece.f32(), n);
   if (cfg_.stage >= 2) {
     point(units_[u], &nn::Parameter::grad, Tensor());
     units_[u].grad = Tensor();

@@ -59,6 +59,11 @@ struct ZeroConfig {
   // Micro-batches per step on a rank (gradient accumulation): sizes the pairwise sums'
   // buffers at stages 2-3 (ZeroPartition::memory).
   int64_t micro_batches = 1;
+  // DeepSpeed's data_types.grad_accum_dtype bf16/fp16 (stages 2-3): the shard's summed
+  // gradients held in 16 bits, each micro-batch's reduced fp32 piece added with one rounding
+  // (half the gradient bytes; the sum then depends on the order, so layouts are no longer
+  // bitwise one process). Unset: fp32.
+  std::optional<kernels::Half> accum;
 };
 
 // The pairwise sum of A micro-batches' gradient pieces, as a binary counter: the k-th piece
@@ -69,9 +74,10 @@ struct ZeroConfig {
 // kept until they are added (at most sum_buffers(A) at a time).
 class MicroBatchSum {
  public:
-  // acc: the accumulator, n elements, zero at the step's start; it ends holding the sum.
-  void add(float* acc, Tensor piece, int64_t n);
-  void finish(float* acc, int64_t n);  // after the step's last piece; ready for the next step
+  // acc: the accumulator (n elements of f32, or of bf16/fp16 under grad_accum_dtype), zero
+  // at the step's start; it ends holding the sum. piece: n or more f32 elements.
+  void add(const Tensor& acc, Tensor piece, int64_t n);
+  void finish(const Tensor& acc, int64_t n);  // after the step's last piece; ready for the next
   // Pieces held at most beside the accumulator over A micro-batches: the largest popcount
   // of 1..A, less one (0 for A = 1 or 2, 1 for 3-6, 2 for 7-14).
   static int64_t sum_buffers(int64_t micro_batches);
@@ -229,7 +235,9 @@ class ZeroEngine : public models::UnitHooks {
   void launch_reduce(int unit);
   void finish(Pending& p);
   void finish_sums();  // stages 2-3: each unit's pairwise sum settled into shard_grads_
-  void progress();     // drives MPI and retires finished reductions
+  // Unit u's piece of shard_grads_ (its owned elements), in the accumulation dtype.
+  Tensor shard_piece(size_t u) const;
+  void progress();  // drives MPI and retires finished reductions
   void wait_all();
   // Stage 3: starts gathering a unit. Under mixed precision its matrices travel as the 16-bit
   // image and the rest packed in f32 (Unit::half / Unit::small, as stages 1-2 hold them);
@@ -269,11 +277,12 @@ class ZeroEngine : public models::UnitHooks {
   std::unique_ptr<optim::AdamW> opt_;
   std::vector<optim::AdamW::Segment> segments_;
   std::vector<OwnedRun> owned_;
-  Tensor shard_values_, shard_grads_;  // master_sharded_ / stage >= 1
-  std::vector<MicroBatchSum> sums_;    // stage >= 2: per unit, into its part of shard_grads_
-  bool master_sharded_ = false;        // stage 3, or stages 1-2 with cfg_.half
-  bool working_ = false;               // stages 1-2 with cfg_.half: Unit::half / Unit::small
-  bool gather16_ = false;              // stage 3 with cfg_.half: gathered as half / small
+  Tensor shard_values_;              // master_sharded_
+  Tensor shard_grads_;               // stage >= 1: f32, or cfg_.accum's 16 bits
+  std::vector<MicroBatchSum> sums_;  // stage >= 2: per unit, into its part of shard_grads_
+  bool master_sharded_ = false;      // stage 3, or stages 1-2 with cfg_.half
+  bool working_ = false;             // stages 1-2 with cfg_.half: Unit::half / Unit::small
+  bool gather16_ = false;            // stage 3 with cfg_.half: gathered as half / small
   bool last_micro_ = true, in_backward_ = false;
   // Stage 0: the last optimizer step left every gradient zero (AdamW's clear_grads), so the
   // next zero_grads has nothing to do. A skipped fp16 step leaves them as they are.

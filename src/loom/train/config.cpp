@@ -382,7 +382,6 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
   }
   c.micro_batch = m;
   c.grad_accum = a;
-  c.zero.micro_batches = a;
   c.train_batch = m * a * dp;
 
   c.train_steps = r.integer(j, "train_steps", 100, 1);
@@ -545,6 +544,17 @@ TrainConfig parse_config(const json& j, const std::string& where, int64_t world)
                    c.grad_accum_dtype + "\")");
   }
   return c;
+}
+
+const char* precision_name(const TrainConfig& cfg) {
+  switch (cfg.precision) {
+    case TrainConfig::Precision::bf16:
+      return "bf16";
+    case TrainConfig::Precision::fp16:
+      return "fp16";
+    default:
+      return "fp32";
+  }
 }
 
 TrainConfig load_config(const std::filesystem::path& path, const std::vector<std::string>& sets,

@@ -84,7 +84,8 @@ struct TrainConfig {
   // initial_scale_power, loss_scale_window, hysteresis, consecutive_hysteresis,
   // min_loss_scale} and "data_types" {grad_accum_dtype}. The Trainer runs the products in
   // the 16-bit format over fp32 master weights (train/trainer.h); 16-bit gradient
-  // accumulation is parsed and planned but refused by the Trainer for now.
+  // accumulation (grad_accum_dtype = the run's 16-bit format) holds the ZeRO-2/3 shard's
+  // gradients in 16 bits (parallel/zero.h); the Trainer refuses it at stages 0-1.
   enum class Precision { fp32, bf16, fp16 };
   Precision precision = Precision::fp32;
   optim::LossScaleConfig loss_scale;  // fp16's keys
@@ -121,5 +122,7 @@ TrainConfig parse_config(const nlohmann::json& j, const std::string& where, int6
 
 TrainConfig load_config(const std::filesystem::path& path, const std::vector<std::string>& sets,
                         int64_t world_size);
+
+const char* precision_name(const TrainConfig& cfg);  // "fp32", "bf16" or "fp16"
 
 }  // namespace loom::train

@@ -280,10 +280,12 @@ LayoutPlan evaluate(const std::vector<StageShape>& shapes, const Layout& l, int 
 
 // Model-state bytes per element at the config's precision, as the engine holds them
 // (parallel::StateBytes), and as the ZeRO paper's mixed-precision layout would.
-parallel::StateBytes state_bytes(const TrainConfig& cfg) {
+parallel::StateBytes state_bytes(const TrainConfig& cfg, int zero_stage) {
   parallel::StateBytes b;
   if (cfg.precision != TrainConfig::Precision::fp32) b = parallel::StateBytes::loom_mixed();
   if (cfg.zero.comm) b.comm = 2;  // communication_data_type bf16/fp16
+  // grad_accum_dtype bf16/fp16: the shard's gradients (the engine takes it at stages 2-3).
+  if (cfg.grad_accum_dtype != "fp32" && zero_stage >= 2) b.grad = 2;
   return b;
 }
 parallel::StateBytes paper_state_bytes(const TrainConfig& cfg) {
@@ -291,20 +293,9 @@ parallel::StateBytes paper_state_bytes(const TrainConfig& cfg) {
   return parallel::StateBytes::paper_mixed(cfg.grad_accum_dtype == "fp32" ? 4 : 2);
 }
 
-const char* precision_name(const TrainConfig& cfg) {
-  switch (cfg.precision) {
-    case TrainConfig::Precision::bf16:
-      return "bf16";
-    case TrainConfig::Precision::fp16:
-      return "fp16";
-    default:
-      return "fp32";
-  }
-}
-
 Layout config_layout(const TrainConfig& cfg) {
   Layout l;
-  l.bytes = state_bytes(cfg);
+  l.bytes = state_bytes(cfg, cfg.zero.stage);
   l.paper_bytes = paper_state_bytes(cfg);
   l.dp = cfg.data_parallel;
   l.ep = cfg.expert_parallel;
@@ -539,7 +530,9 @@ std::vector<LayoutPlan> runnable_layouts(const TrainConfig& cfg, int world) {
           if (sp && (micro * seq) % tp != 0) continue;
           const int64_t accum = global / dp / micro;
           if (v > 1 && accum % pp != 0) continue;  // interleaved runs groups of pp micro-batches
-          for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+          // 16-bit gradient accumulation runs at stages 2-3 only (one process too).
+          const bool accum16 = cfg.grad_accum_dtype != "fp32";
+          for (int zero = accum16 ? 2 : 0; zero <= (dp > 1 || accum16 ? 3 : 0); ++zero) {
             for (const std::string& schedule : schedules) {
               Layout l;
               l.dp = dp;
@@ -553,7 +546,7 @@ std::vector<LayoutPlan> runnable_layouts(const TrainConfig& cfg, int world) {
               l.virtual_stages = v;
               l.partition = pc.layers.empty() ? pc.partition : "";
               l.reduce_bucket = cfg.zero.reduce_bucket_size;
-              l.bytes = state_bytes(cfg);
+              l.bytes = state_bytes(cfg, zero);
               l.paper_bytes = paper_state_bytes(cfg);
               out.push_back(evaluate(shapes, l, world, seq, src.hidden()));
             }

@@ -139,9 +139,24 @@ nlohmann::json model_hf_config(const nlohmann::json& m, const std::string& where
 Trainer::Trainer(const TrainConfig& cfg, std::unique_ptr<data::Dataset> dataset,
                  dist::ProcessMesh* mesh)
     : cfg_(cfg), data_(std::move(dataset)) {
-  LOOM_CHECK(cfg.precision == TrainConfig::Precision::fp32 || cfg.grad_accum_dtype == "fp32",
-             "config key 'data_types.grad_accum_dtype': \"" + cfg.grad_accum_dtype +
-                 "\" is not implemented yet (gradients accumulate in fp32, the default)");
+  cfg_.zero.micro_batches = cfg.grad_accum;
+  if (cfg.grad_accum_dtype != "fp32") {
+    // 16-bit accumulators are the ZeRO shard's (stages 2-3, where each micro-batch's unit
+    // gradient is an fp32 buffer of its own, reduced and added into the shard); at stages
+    // 0-1 the backward's products accumulate into the fp32 gradients themselves.
+    const std::string key =
+        "config key 'data_types.grad_accum_dtype' \"" + cfg.grad_accum_dtype + "\"";
+    const char* need = cfg.grad_accum_dtype == "bf16" ? "bf16" : "fp16";
+    LOOM_CHECK(
+        precision_name(cfg) == std::string(need),
+        key + " needs '" + need + ".enabled': true (the run is " + precision_name(cfg) + ")");
+    LOOM_CHECK(cfg.zero.stage >= 2,
+               key +
+                   " needs zero_optimization.stage 2 or 3 (the 16-bit accumulator is the "
+                   "sharded gradient's; stage " +
+                   std::to_string(cfg.zero.stage) + " accumulates in the fp32 gradients)");
+    cfg_.zero.accum = cfg.grad_accum_dtype == "bf16" ? kernels::Half::bf16 : kernels::Half::f16;
+  }
   if (cfg.precision != TrainConfig::Precision::fp32)
     cfg_.zero.half =
         cfg.precision == TrainConfig::Precision::bf16 ? kernels::Half::bf16 : kernels::Half::f16;

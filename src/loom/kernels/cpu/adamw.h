@@ -29,5 +29,8 @@ struct HalfOut {
 
 void adamw_update(float* p, float* g, float* m, float* v, int64_t n, const AdamWHyper& h,
                   HalfOut half = {}, bool clear_grad = false);
+// The same with the gradient held in 16 bits (grad_accum_dtype bf16/fp16), widened as read.
+void adamw_update(float* p, const uint16_t* g, Half g_format, float* m, float* v, int64_t n,
+                  const AdamWHyper& h, HalfOut half = {});
 
 }  // namespace loom::kernels

@@ -24,4 +24,14 @@ void from_half(Half h, const uint16_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = from_f16(x[i]);
 }
 
+void add_to_half(Half h, const float* x, uint16_t* acc, int64_t n) {
+  if (h == Half::bf16) {
+#pragma omp parallel for simd schedule(static) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) acc[i] = to_bf16(from_bf16(acc[i]) + x[i]);
+    return;
+  }
+#pragma omp parallel for simd schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) acc[i] = to_f16(from_f16(acc[i]) + x[i]);
+}
+
 }  // namespace loom::kernels

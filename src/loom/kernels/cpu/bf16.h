@@ -71,10 +71,23 @@ inline float from_f16(uint16_t h) {
 enum class Half : uint8_t { bf16, f16 };
 inline const char* half_name(Half h) { return h == Half::bf16 ? "bf16" : "fp16"; }
 
+// Element reads for loops templated over the data's format (f32, or 16 bits of a format fixed
+// at compile time): widen(x, i) is x[i] as fp32.
+template <Half F>
+struct HalfPtr {
+  const uint16_t* p;
+};
+inline float widen(const float* x, int64_t i) { return x[i]; }
+inline float widen(HalfPtr<Half::bf16> x, int64_t i) { return from_bf16(x.p[i]); }
+inline float widen(HalfPtr<Half::f16> x, int64_t i) { return from_f16(x.p[i]); }
+
 // Whole buffers (OpenMP over chunks for large n).
 void to_bf16(const float* x, bf16* y, int64_t n);
 void from_bf16(const bf16* x, float* y, int64_t n);
 void to_half(Half h, const float* x, uint16_t* y, int64_t n);
 void from_half(Half h, const uint16_t* x, float* y, int64_t n);
+// acc[i] = round(widen(acc[i]) + x[i]): a 16-bit accumulator (grad_accum_dtype bf16/fp16)
+// takes an fp32 addend with one rounding.
+void add_to_half(Half h, const float* x, uint16_t* acc, int64_t n);
 
 }  // namespace loom::kernels
