@@ -67,9 +67,10 @@ std::unique_ptr<models::CausalLM> load_gguf_model(const fs::path& file, const Lo
   std::set<std::string> filled;
   std::vector<std::string> unused;
   int64_t n_relaid = 0;  // parameters kept quantized or in 16 bits: no f32 slot
-  // p's values (p's local shape) into its f32 slot, or rounded into 16 bits with opt.half.
-  auto store = [&](nn::Parameter& p, const float* v) {
-    if (const auto h = opt.half_for(p)) {
+  // p's values (p's local shape) into its f32 slot, or rounded into 16 bits when `h` (p's
+  // opt.half_for) is set.
+  auto store = [&](nn::Parameter& p, const float* v, std::optional<kernels::Half> h) {
+    if (h) {
       nn::hold_in_half(p, v, *h);
       ++n_relaid;
     } else {
@@ -88,7 +89,7 @@ std::unique_ptr<models::CausalLM> load_gguf_model(const fs::path& file, const Lo
     LOOM_CHECK(shape == p->full_shape && !p->shard.sharded(),
                file.string() + ": tensor '" + gguf_name + "' gives " + hf + " shape " +
                    shape_str(shape) + " vs expected " + shape_str(p->full_shape));
-    store(*p, v);
+    store(*p, v, opt.half_for(*p));
     filled.insert(hf);
   };
   for (const GgufTensorInfo& t : f.tensors()) {
@@ -134,11 +135,12 @@ std::unique_ptr<models::CausalLM> load_gguf_model(const fs::path& file, const Lo
     LOOM_CHECK(t.hf_shape() == p->full_shape, file.string() + ": tensor '" + t.name + "' (" + hf +
                                                   ") has shape " + shape_str(t.hf_shape()) +
                                                   " vs expected " + shape_str(p->full_shape));
+    const std::optional<kernels::Half> half = opt.half_for(*p);
     if (opt.keep_quantized && t.ne.size() == 2 && t.type != GgmlType::F32 && !opt.keeps_f32(hf)) {
       p->quant = std::make_shared<const QuantMatrix>(shard_of(read_hf_quant(f, t), *p, file));
       p->trainable = false;
       ++n_relaid;
-    } else if (!p->shard.sharded() && !opt.half_for(*p)) {
+    } else if (!p->shard.sharded() && !half) {
       read_hf_tensor(f, t, p->value.f32());  // straight into its slot
     } else {
       std::vector<float> v(shape_numel(p->full_shape));
@@ -148,7 +150,7 @@ std::unique_ptr<models::CausalLM> load_gguf_model(const fs::path& file, const Lo
         nn::shard_from_full(*p, v.data(), mine.data());
         v.swap(mine);
       }
-      store(*p, v.data());
+      store(*p, v.data(), half);
     }
     filled.insert(hf);
   }
