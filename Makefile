@@ -65,7 +65,7 @@ test: build build-asan
 # plugins') at exit.
 test-asan:
 	ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=1 $(ASAN_BUILD)/loom_unit_tests \
-	  --gtest_filter='Safetensors*:TbEvents*:Monitor*:Report*:DiskFault*:Config*:Bf16*:LossScaler*:Trace*:Schedule*:CliErrors*:Checkpoint*:KernelGrad*:ModuleGrad*:LlamaGrad*:Conversation*:ChatTemplates*:Generate*:Packing*:Gguf*:SftDataset*:Tokenizer*:Peft*:QMatmul*:TrainPeft*:Dist*:ZeroPlan*:Plan*:Pipeline*:ActivationCheckpointing*:MixedPrecision.Fp16*:MixedPrecision.Products*:MixedPrecision.Loads*:Deepseek*:ExpertBalance*'
+	  --gtest_filter='Safetensors*:TbEvents*:Monitor*:Report*:DiskFault*:Config*:Bf16*:LossScaler*:Trace*:Schedule*:CliErrors*:Checkpoint*:KernelGrad*:ModuleGrad*:LlamaGrad*:Conversation*:ChatTemplates*:Generate*:Packing*:Gguf*:SftDataset*:Tokenizer*:Peft*:QMatmul*:TrainPeft*:Dist*:ZeroPlan*:Plan*:Pipeline*:ActivationCheckpointing*:MixedPrecision.Fp16*:MixedPrecision.Products*:MixedPrecision.Loads*:MixedPrecision.SixteenBit*:Deepseek*:ExpertBalance*'
 	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
 	  --bind-to none -np 2 $(ASAN_BUILD)/test_collectives
 	ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \

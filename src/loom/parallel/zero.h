@@ -110,7 +110,8 @@ struct ZeroMemory {
 // fp32 master sharded with the moments; norms and biases, a few thousandths of the
 // elements, stay f32 and are counted as 16-bit). Stage 3: the f32 master shard and the
 // moments (12 per shard element; each gathered unit is rounded to 16 bits while it is
-// held). Gradients accumulate and travel in fp32 at every stage.
+// held). Gradients accumulate and travel in fp32 unless grad_accum_dtype (stages 2-3: grad
+// 2) or communication_data_type (comm 2) say 16 bits.
 struct StateBytes {
   int64_t param = 4, grad = 4, optimizer = 8, comm = 4, half = 0;
   static StateBytes paper_mixed(int64_t grad_accum_bytes) {

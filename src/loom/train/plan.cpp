@@ -400,10 +400,16 @@ std::string plan_report(const TrainConfig& cfg, int world) {
         fmt("model state per trained element as loom train holds it: 4 bytes of fp32 master "
             "weights and 8 of AdamW moments (sharded from stage 1), each matrix in %s for the "
             "products (2 bytes; at stage 0 a copy beside the master, at stages 1-2 the only "
-            "whole copy, at stage 3 gathered in 16 bits per use), 4-byte fp32 gradients; frozen "
+            "whole copy, at stage 3 gathered in 16 bits per use), %s; frozen "
             "matrices in their 2 bytes alone; activations fp32 (each product rounds its "
             "operands)\n",
-            precision_name(cfg));
+            precision_name(cfg),
+            cfg.grad_accum_dtype == "fp32"
+                ? "4-byte fp32 gradients"
+                : ("4-byte fp32 gradients at stages 0-1 (where loom train refuses " +
+                   cfg.grad_accum_dtype + " accumulation), 2-byte " + cfg.grad_accum_dtype +
+                   " ones at stages 2-3")
+                      .c_str());
   const LayoutPlan plan = evaluate(shapes, l, world, seq, src.hidden());
   if (l.pp == 1) {
     out +=
@@ -412,6 +418,7 @@ std::string plan_report(const TrainConfig& cfg, int world) {
     for (int stage = 0; stage <= 3; ++stage) {
       Layout z = l;
       z.zero = stage;
+      z.bytes = state_bytes(cfg, stage);
       const StagePlan s = evaluate(shapes, z, world, seq, src.hidden()).stages[0];
       const parallel::ZeroMemory& m = s.state;
       out += fmt("stage %d%s %9.1f %8.1f %10.1f %12.1f %8.1f %12.1f %8.1f %12.1f\n", stage,
@@ -424,6 +431,7 @@ std::string plan_report(const TrainConfig& cfg, int world) {
     for (int stage = 0; stage <= 3; ++stage) {
       Layout z = l;
       z.zero = stage;
+      z.bytes = state_bytes(cfg, stage);
       gb += fmt("%s stage %d %.1f", stage ? "," : "", stage,
                 evaluate(shapes, z, world, seq, src.hidden()).stages[0].state.model_state() / 1e9);
     }
