@@ -210,7 +210,12 @@ VerifyReport verify(const TrainConfig& cfg, dist::ProcessMesh& mesh, int64_t ste
   const Difference* worst_param = nullptr;
   for (const Difference& d : rep.params)
     if (!worst_param || d.rel > worst_param->rel) worst_param = &d;
-  if (worst_param)
+  if (worst_param && worst_param->rel == 0.0)
+    std::printf(
+        "final parameters: %zu tensors, largest relative difference 0: every element "
+        "equal\n",
+        rep.params.size());
+  else if (worst_param)
     std::printf("final parameters: %zu tensors, largest relative difference %.2e (%s)\n",
                 rep.params.size(), worst_param->rel, worst_param->what.c_str());
   std::printf("%s: largest relative difference %.2e (%s), tolerance %.1e\n",
