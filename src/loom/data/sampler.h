@@ -2,7 +2,9 @@
 // epoch k / N, position perm_epoch[k % N] (a seeded shuffle of the N samples per epoch).
 // Step s consumes global samples [s * G, (s + 1) * G) with G = train_batch_size; within
 // the step, micro-batch m of data-parallel rank r takes the slice
-// [((m * dp) + r) * mbs, ... + mbs). Every layout therefore sees the same global batch.
+// [((m * dp) + r) * mbs, ... + mbs). Every layout therefore sees the same global batch,
+// and with the same mbs one process's micro-batch m * dp + r is rank r's m-th (ZeRO-2/3's
+// pairwise gradient sum relies on this interleaving, parallel/zero.h).
 // A dataset of weighted parts (a mixture) is blended as Megatron's BlendedDataset does:
 // sample k comes from the part furthest below its share w_p * (k + 1), so every prefix of
 // the run holds each part's share to within one sample; it is that part's c-th sample (c
