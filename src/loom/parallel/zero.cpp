@@ -87,6 +87,8 @@ ZeroMemory ZeroPartition::memory(int stage, int64_t frozen_bytes, const StateByt
 // Gradient accumulators: f32, or 16 bits under grad_accum_dtype
 
 namespace {
+uint16_t* bits(const Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
+
 kernels::Half half_of(const Tensor& t) {
   return t.dtype() == DType::BF16 ? kernels::Half::bf16 : kernels::Half::f16;
 }
@@ -95,14 +97,14 @@ kernels::Half half_of(const Tensor& t) {
 void add_into(const Tensor& acc, const float* x, int64_t n) {
   if (n <= 0) return;
   if (acc.dtype() == DType::F32) return kernels::add_inplace(acc.f32(), x, n);
-  kernels::add_to_half(half_of(acc), x, static_cast<uint16_t*>(acc.raw()), n);
+  kernels::add_to_half(half_of(acc), x, bits(acc), n);
 }
 
 // acc[0, n) as f32.
 void widen_into(const Tensor& acc, float* out, int64_t n) {
   if (n <= 0) return;
   if (acc.dtype() == DType::F32) return void(std::memcpy(out, acc.f32(), n * sizeof(float)));
-  kernels::from_half(half_of(acc), static_cast<const uint16_t*>(acc.raw()), out, n);
+  kernels::from_half(half_of(acc), bits(acc), out, n);
 }
 }  // namespace
 
@@ -189,8 +191,6 @@ struct ZeroEngine::Pending {
 };
 
 namespace {
-uint16_t* bits(const Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
-
 // A model unit's trainable parameters in flat order: its dense part, then its expert part.
 std::pair<std::vector<nn::Parameter*>, std::vector<nn::Parameter*>> split_unit(
     const std::vector<nn::Parameter*>& group) {
