@@ -181,6 +181,38 @@ TEST(ActivationCheckpointing, AdaptersAndPrefixBitwiseEqual) {
 // What the forward leaves allocated: selective the same as none (attention keeps no
 // probabilities to free, only their [B, H, T] log-sum-exp); full frees far more, and the
 // estimate falls with it.
+// Evaluation through the chunked head (training's default) runs only the rows with a target,
+// gathered into chunks that cross sequences: each sequence's loss sum equals the whole
+// head's, a sequence without targets sums to 0, for chunks smaller and larger than a row.
+TEST(ActivationCheckpointing, ChunkedHeadEvaluationSumsEqualTheWholeHeads) {
+  const int64_t B = 3, T = 8;
+  auto m = make("llama", {});
+  const int64_t V = m->vocab_size();
+  Tensor ids = Tensor::zeros({B, T}, DType::I32), tg = Tensor::zeros({B, T}, DType::I32);
+  for (int64_t i = 0; i < B * T; ++i) {
+    ids.i32()[i] = static_cast<int32_t>((i * 7 + 3) % V);
+    const int64_t b = i / T, t = i % T;
+    const bool target = b == 0 ? i % 5 != 4 : b == 2 && t >= T - 3;  // row 1: none
+    tg.i32()[i] = target ? static_cast<int32_t>((i * 3 + 1) % V) : kernels::kIgnoreIndex;
+  }
+  std::vector<double> want(B), got(B);
+  m->set_activation_checkpointing(AC{});
+  m->forward(ids, Tensor());
+  m->loss_sums(tg, want.data());
+  EXPECT_GT(want[0], 0.0);
+  EXPECT_EQ(want[1], 0.0);
+  for (const int64_t rows : {1, 5, 64}) {
+    AC ac;
+    ac.loss_chunk_rows = rows;
+    m->set_activation_checkpointing(ac);
+    m->forward(ids, Tensor());
+    m->loss_sums(tg, got.data());
+    for (int64_t b = 0; b < B; ++b)
+      EXPECT_NEAR(got[b], want[b], 1e-6 * want[b]) << "chunks of " << rows << ", row " << b;
+    EXPECT_EQ(got[1], 0.0) << "chunks of " << rows;
+  }
+}
+
 TEST(ActivationCheckpointing, ReleasedTensorsAreFreed) {
   for (const std::string arch : {"gpt2", "llama"}) {
     auto m = make(arch, {});

@@ -39,14 +39,6 @@ const Tensor& LMHead::forward(const Tensor& h, int64_t chunk_rows) {
   return logits_;
 }
 
-float* LMHead::logits_of(int64_t r0, int64_t n) {
-  const int64_t Vl = w_->shape[0], C = w_->shape[1];
-  if (chunk_rows_ == 0) return logits_.f32() + r0 * Vl;
-  ensure(logits_, {std::min(chunk_rows_, h_.numel() / C), Vl});
-  weight_forward(logits_.f32(), h_.f32() + r0 * C, *w_, nullptr, n);
-  return logits_.f32();
-}
-
 double LMHead::chunk_loss(float* x, const int32_t* t, int64_t n, const float* grad_scale,
                           double* per_token) {
   const int64_t Vl = w_->shape[0];
@@ -83,38 +75,22 @@ double LMHead::backward(const Tensor& targets, float grad_scale, const Tensor& d
     // A row whose target is ignored (a prompt token, padding) has dlogits 0: it adds nothing
     // to dh (left 0) or dW, so only the target rows go through the head, gathered chunk by
     // chunk into [rows, C]. In SFT that skips the prompt's share of the largest GEMMs.
-    std::vector<int64_t> keep;
-    for (int64_t i = 0; i < N; ++i)
-      if (t[i] != kernels::kIgnoreIndex) keep.push_back(i);
-    const int64_t K = static_cast<int64_t>(keep.size()), rows = std::min(chunk_rows_, N);
-    const bool gather = K < N;
-    std::vector<int32_t> tc(gather ? rows : 0);
-    if (gather) {
-      ensure(hg_, {rows, C});
-      ensure(dhg_, {rows, C});
-    }
-    for (int64_t k0 = 0; k0 < K; k0 += rows) {
-      const int64_t n = std::min(rows, K - k0);
-      const float* h = h_.f32() + k0 * C;
+    const TargetRows tr = target_rows(t, N);
+    const int64_t K = static_cast<int64_t>(tr.keep.size());
+    for (int64_t k0 = 0; k0 < K; k0 += tr.rows) {
+      const int64_t n = std::min(tr.rows, K - k0);
+      const Chunk c = gather(tr, t, k0, n);
       float* d = dh.f32() + k0 * C;
-      const int32_t* tt = t + k0;
-      if (gather) {
-        for (int64_t i = 0; i < n; ++i) {
-          std::copy_n(h_.f32() + keep[k0 + i] * C, C, hg_.f32() + i * C);
-          tc[i] = t[keep[k0 + i]];
-        }
+      if (tr.gathered) {
         std::fill_n(dhg_.f32(), n * C, 0.0f);
-        h = hg_.f32();
         d = dhg_.f32();
-        tt = tc.data();
       }
-      ensure(logits_, {rows, w_->shape[0]});
       float* x = logits_.f32();
-      weight_forward(x, h, *w_, nullptr, n);
-      loss_sum += chunk_loss(x, tt, n, &grad_scale, nullptr);
-      weight_backward(d, x, h, *w_, nullptr, n);
-      for (int64_t i = 0; gather && i < n; ++i)
-        std::copy_n(dhg_.f32() + i * C, C, dh.f32() + keep[k0 + i] * C);
+      weight_forward(x, c.h, *w_, nullptr, n);
+      loss_sum += chunk_loss(x, c.t, n, &grad_scale, nullptr);
+      weight_backward(d, x, c.h, *w_, nullptr, n);
+      for (int64_t i = 0; tr.gathered && i < n; ++i)
+        std::copy_n(dhg_.f32() + i * C, C, dh.f32() + tr.keep[k0 + i] * C);
     }
   }
   if (!tp_.sequence_split()) copy_to_region_backward(tp_, dh);
@@ -128,23 +104,67 @@ void LMHead::loss_sums(const Tensor& targets, double* per_row) {
                                                               shape_str(h_.shape()));
   const int64_t B = targets.dim(0), T = targets.dim(1);
   const int32_t* t = targets.i32();
-  const int64_t rows = chunk_rows_ > 0 ? std::min(chunk_rows_, N) : N;
-  std::vector<double> per_token(tp_.active() ? rows : 0);
   std::fill(per_row, per_row + B, 0.0);
-  for (int64_t r0 = 0; r0 < N; r0 += rows) {
-    const int64_t n = std::min(rows, N - r0);
-    float* x = logits_of(r0, n);
+  if (chunk_rows_ == 0) {
     if (tp_.active()) {  // per token: the statistics are reduced over the group
-      chunk_loss(x, t + r0, n, nullptr, per_token.data());
-      for (int64_t i = 0; i < n; ++i) per_row[(r0 + i) / T] += per_token[i];
+      std::vector<double> per_token(N);
+      chunk_loss(logits_.f32(), t, N, nullptr, per_token.data());
+      for (int64_t i = 0; i < N; ++i) per_row[i / T] += per_token[i];
+      return;
+    }
+    for (int64_t b = 0; b < B; ++b)
+      per_row[b] = chunk_loss(logits_.f32() + b * T * Vl, t + b * T, T, nullptr, nullptr);
+    return;
+  }
+  // Chunked: as backward, only the rows with a target go through the head (an ignored
+  // target's loss is 0), in chunks of target rows, each added to its sequence's sum.
+  const TargetRows tr = target_rows(t, N);
+  const int64_t K = static_cast<int64_t>(tr.keep.size());
+  std::vector<double> per_token(tp_.active() ? tr.rows : 0);
+  for (int64_t k0 = 0; k0 < K; k0 += tr.rows) {
+    const int64_t n = std::min(tr.rows, K - k0);
+    const Chunk c = gather(tr, t, k0, n);
+    float* x = logits_.f32();
+    weight_forward(x, c.h, *w_, nullptr, n);
+    if (tp_.active()) {  // per token: the statistics are reduced over the group
+      chunk_loss(x, c.t, n, nullptr, per_token.data());
+      for (int64_t i = 0; i < n; ++i) per_row[tr.keep[k0 + i] / T] += per_token[i];
       continue;
     }
-    for (int64_t a = r0; a < r0 + n;) {  // the chunk's piece of each sequence
-      const int64_t e = std::min(r0 + n, (a / T + 1) * T);
-      per_row[a / T] += chunk_loss(x + (a - r0) * Vl, t + a, e - a, nullptr, nullptr);
+    for (int64_t a = 0; a < n;) {  // the chunk's run of each sequence's target rows
+      const int64_t row = tr.keep[k0 + a] / T;
+      int64_t e = a + 1;
+      while (e < n && tr.keep[k0 + e] / T == row) ++e;
+      per_row[row] += chunk_loss(x + a * Vl, c.t + a, e - a, nullptr, nullptr);
       a = e;
     }
   }
+}
+
+LMHead::TargetRows LMHead::target_rows(const int32_t* t, int64_t N) {
+  const int64_t C = w_->shape[1];
+  TargetRows tr;
+  for (int64_t i = 0; i < N; ++i)
+    if (t[i] != kernels::kIgnoreIndex) tr.keep.push_back(i);
+  tr.rows = std::min(chunk_rows_, N);
+  tr.gathered = static_cast<int64_t>(tr.keep.size()) < N;
+  ensure(logits_, {tr.rows, w_->shape[0]});
+  if (tr.gathered) {
+    ensure(hg_, {tr.rows, C});
+    ensure(dhg_, {tr.rows, C});
+    tg_.resize(static_cast<size_t>(tr.rows));
+  }
+  return tr;
+}
+
+LMHead::Chunk LMHead::gather(const TargetRows& tr, const int32_t* t, int64_t k0, int64_t n) {
+  const int64_t C = w_->shape[1];
+  if (!tr.gathered) return {h_.f32() + k0 * C, t + k0};  // every row has a target: in place
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(h_.f32() + tr.keep[k0 + i] * C, C, hg_.f32() + i * C);
+    tg_[i] = t[tr.keep[k0 + i]];
+  }
+  return {hg_.f32(), tg_.data()};
 }
 
 }  // namespace loom::nn

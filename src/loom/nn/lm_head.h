@@ -6,13 +6,14 @@
 //             caller -> the SUM of token losses; the logits buffer becomes dlogits,
 //             dh = dlogits W, dW += dlogits^T h when W trains. grad_scale is
 //             1 / (target tokens of the whole step).
-// Chunked (forward's chunk_rows > 0, what training uses): forward only saves h; backward
-// and loss_sums run the head over chunk_rows token rows at a time, each chunk's logits
-// becoming its dlogits in one [chunk_rows, Vl] buffer, so the [B T, Vl] logits are never
-// all live (for a 49k vocabulary and 1024 tokens, 200 MB against 50 MB at 256 rows). Its
-// backward runs only the rows whose target is not ignored (their dlogits are 0: they add
-// nothing to dh or dW), gathered into chunks, so an SFT step skips the head on the prompt's
-// tokens. The results equal the whole head's but for the order dW's sum is accumulated in.
+// Chunked (forward's chunk_rows > 0, what training and evaluation use): forward only saves
+// h; backward and loss_sums run the head over chunk_rows token rows at a time, each chunk's
+// logits becoming its dlogits in one [chunk_rows, Vl] buffer, so the [B T, Vl] logits are
+// never all live (for a 49k vocabulary and 1024 tokens, 200 MB against 50 MB at 256 rows).
+// Both run only the rows whose target is not ignored (their loss and dlogits are 0: they
+// add nothing to the sums, dh or dW), gathered into chunks, so SFT skips the head on the
+// prompt's tokens. The results equal the whole head's but for the order dW's sum and each
+// sequence's loss are accumulated in.
 // Under tensor parallelism the head is vocabulary-parallel (a column-parallel layer over
 // the vocabulary): W holds rows [v0, v0 + Vl) of the full table (its shard), the logits are
 // that slice, and the loss is Megatron's vocab-parallel cross-entropy (row max, target
@@ -21,6 +22,8 @@
 // parallel the caller gathered h from the ranks' rows and its gather_from_sequence_backward
 // reduce-scatters dh, which sums it: backward leaves dh the partial sum.
 #pragma once
+
+#include <vector>
 
 #include "loom/nn/parameter.h"
 #include "loom/nn/tensor_parallel.h"
@@ -43,18 +46,31 @@ class LMHead {
   int64_t vocab_first() const { return v0_; }  // the logits' first column in the full vocab
 
  private:
-  // Logits of rows [r0, r0 + n): the kept buffer when unchunked, else computed into it.
-  float* logits_of(int64_t r0, int64_t n);
   // Cross-entropy of n rows of logits x against t: the sum of their losses. With grad_scale
   // (backward) x becomes dlogits; per_token (n; tensor parallel only) gets each row's loss.
   double chunk_loss(float* x, const int32_t* t, int64_t n, const float* grad_scale,
                     double* per_token);
 
+  // The chunked head's rows: the token rows whose target is not ignored, chunks of `rows`
+  // of them, gathered into hg_ (their targets into tg_) unless every row has a target.
+  struct TargetRows {
+    std::vector<int64_t> keep;
+    int64_t rows = 0;
+    bool gathered = false;
+  };
+  struct Chunk {
+    const float* h;    // [n, C]: the chunk's rows of h
+    const int32_t* t;  // [n]: their targets
+  };
+  TargetRows target_rows(const int32_t* t, int64_t N);  // also sizes the chunk buffers
+  Chunk gather(const TargetRows& tr, const int32_t* t, int64_t k0, int64_t n);
+
   Parameter* w_;
   int64_t V_, v0_;
   TensorParallel tp_;
   Tensor h_, logits_;
-  Tensor hg_, dhg_;  // chunked backward: the gathered target rows of h and their dh
+  Tensor hg_, dhg_;          // chunked: the gathered target rows of h and their dh
+  std::vector<int32_t> tg_;  // and their targets
   int64_t chunk_rows_ = 0;
 };
 
