@@ -76,6 +76,7 @@ double LMHead::backward(const Tensor& targets, float grad_scale, const Tensor& d
     // to dh (left 0) or dW, so only the target rows go through the head, gathered chunk by
     // chunk into [rows, C]. In SFT that skips the prompt's share of the largest GEMMs.
     const TargetRows tr = target_rows(t, N);
+    if (tr.gathered) ensure(dhg_, {tr.rows, C});
     const int64_t K = static_cast<int64_t>(tr.keep.size());
     for (int64_t k0 = 0; k0 < K; k0 += tr.rows) {
       const int64_t n = std::min(tr.rows, K - k0);
@@ -105,39 +106,34 @@ void LMHead::loss_sums(const Tensor& targets, double* per_row) {
   const int64_t B = targets.dim(0), T = targets.dim(1);
   const int32_t* t = targets.i32();
   std::fill(per_row, per_row + B, 0.0);
-  if (chunk_rows_ == 0) {
+  // Adds n rows of logits x (targets tt; row i is token row row_of(i)) to their sequences'
+  // sums, a run of one sequence's rows at a time.
+  std::vector<double> per_token;
+  auto add = [&](float* x, const int32_t* tt, int64_t n, auto row_of) {
     if (tp_.active()) {  // per token: the statistics are reduced over the group
-      std::vector<double> per_token(N);
-      chunk_loss(logits_.f32(), t, N, nullptr, per_token.data());
-      for (int64_t i = 0; i < N; ++i) per_row[i / T] += per_token[i];
+      per_token.resize(static_cast<size_t>(n));
+      chunk_loss(x, tt, n, nullptr, per_token.data());
+      for (int64_t i = 0; i < n; ++i) per_row[row_of(i) / T] += per_token[i];
       return;
     }
-    for (int64_t b = 0; b < B; ++b)
-      per_row[b] = chunk_loss(logits_.f32() + b * T * Vl, t + b * T, T, nullptr, nullptr);
-    return;
-  }
+    for (int64_t a = 0; a < n;) {
+      const int64_t row = row_of(a) / T;
+      int64_t e = a + 1;
+      while (e < n && row_of(e) / T == row) ++e;
+      per_row[row] += chunk_loss(x + a * Vl, tt + a, e - a, nullptr, nullptr);
+      a = e;
+    }
+  };
+  if (chunk_rows_ == 0) return add(logits_.f32(), t, N, [](int64_t i) { return i; });
   // Chunked: as backward, only the rows with a target go through the head (an ignored
-  // target's loss is 0), in chunks of target rows, each added to its sequence's sum.
+  // target's loss is 0), in chunks of target rows.
   const TargetRows tr = target_rows(t, N);
   const int64_t K = static_cast<int64_t>(tr.keep.size());
-  std::vector<double> per_token(tp_.active() ? tr.rows : 0);
   for (int64_t k0 = 0; k0 < K; k0 += tr.rows) {
     const int64_t n = std::min(tr.rows, K - k0);
     const Chunk c = gather(tr, t, k0, n);
-    float* x = logits_.f32();
-    weight_forward(x, c.h, *w_, nullptr, n);
-    if (tp_.active()) {  // per token: the statistics are reduced over the group
-      chunk_loss(x, c.t, n, nullptr, per_token.data());
-      for (int64_t i = 0; i < n; ++i) per_row[tr.keep[k0 + i] / T] += per_token[i];
-      continue;
-    }
-    for (int64_t a = 0; a < n;) {  // the chunk's run of each sequence's target rows
-      const int64_t row = tr.keep[k0 + a] / T;
-      int64_t e = a + 1;
-      while (e < n && tr.keep[k0 + e] / T == row) ++e;
-      per_row[row] += chunk_loss(x + a * Vl, c.t + a, e - a, nullptr, nullptr);
-      a = e;
-    }
+    weight_forward(logits_.f32(), c.h, *w_, nullptr, n);
+    add(logits_.f32(), c.t, n, [&](int64_t i) { return tr.keep[k0 + i]; });
   }
 }
 
@@ -151,7 +147,6 @@ LMHead::TargetRows LMHead::target_rows(const int32_t* t, int64_t N) {
   ensure(logits_, {tr.rows, w_->shape[0]});
   if (tr.gathered) {
     ensure(hg_, {tr.rows, C});
-    ensure(dhg_, {tr.rows, C});
     tg_.resize(static_cast<size_t>(tr.rows));
   }
   return tr;

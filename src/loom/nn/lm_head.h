@@ -62,7 +62,7 @@ class LMHead {
     const float* h;    // [n, C]: the chunk's rows of h
     const int32_t* t;  // [n]: their targets
   };
-  TargetRows target_rows(const int32_t* t, int64_t N);  // also sizes the chunk buffers
+  TargetRows target_rows(const int32_t* t, int64_t N);  // also sizes logits_, hg_ and tg_
   Chunk gather(const TargetRows& tr, const int32_t* t, int64_t k0, int64_t n);
 
   Parameter* w_;
